@@ -1,0 +1,156 @@
+"""Plain-torch twins of every kernel in this package.
+
+The CPU path runs these directly; the Triton kernels are tested against them. Shapes:
+T tokens in a step, B sequences, Hq query heads, Hk KV heads, D head dim, N blocks of
+S tokens. The paged cache of one layer is `k_cache`/`v_cache` of shape [N, S, Hk, D].
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm with a fused residual add: returns (norm(x + residual) * weight, x + residual)."""
+    if residual is not None:
+        x = x + residual
+    xf = x.float()
+    out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (out * weight.float()).to(x.dtype), x
+
+
+def rope_cos_sin(
+    head_dim: int,
+    max_position: int,
+    base: float,
+    scaling: dict | None = None,
+    partial_rotary_factor: float = 1.0,
+) -> torch.Tensor:
+    """Cos/sin table [max_position, rotary_dim] (cos in the first half, sin in the second).
+
+    `scaling` is the HF `rope_scaling` dict; "llama3" (Llama 3.1) and "linear" are understood.
+    """
+    rot = int(head_dim * partial_rotary_factor)
+    inv_freq = 1.0 / (base ** (torch.arange(0, rot, 2, dtype=torch.float64) / rot))
+    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type"))
+    if kind == "llama3":
+        inv_freq = _llama3_inv_freq(inv_freq, scaling)  # type: ignore[arg-type]
+    elif kind == "linear":
+        inv_freq = inv_freq / float(scaling["factor"])  # type: ignore[index]
+    elif kind not in (None, "default"):
+        raise ValueError(f"rope_scaling type {kind!r} is not supported")
+    t = torch.arange(max_position, dtype=torch.float64)
+    freqs = torch.outer(t, inv_freq)
+    return torch.cat([freqs.cos(), freqs.sin()], dim=-1).float()
+
+
+def _llama3_inv_freq(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
+    factor = float(s["factor"])
+    low, high = float(s.get("low_freq_factor", 1.0)), float(s.get("high_freq_factor", 4.0))
+    old_len = float(s["original_max_position_embeddings"])
+    low_wavelen, high_wavelen = old_len / low, old_len / high
+    wavelen = 2 * math.pi / inv_freq
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    out = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    mid = (wavelen <= low_wavelen) & (wavelen >= high_wavelen)
+    return torch.where(mid, smoothed, out)
+
+
+def rotary(
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Neox-style (HF rotate_half) rotary embedding of q [T, Hq, D] and k [T, Hk, D]."""
+    cs = cos_sin[positions]
+    half = cs.shape[-1] // 2
+    cos, sin = cs[:, None, :half], cs[:, None, half:]
+    return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    rot = cos.shape[-1] * 2
+    xr, xpass = x[..., :rot].float(), x[..., rot:]
+    x1, x2 = xr[..., : rot // 2], xr[..., rot // 2 :]
+    out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+    return torch.cat([out, xpass], dim=-1) if xpass.numel() else out
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """[T, 2I] -> silu(x[:, :I]) * x[:, I:]."""
+    gate, up = x.chunk(2, dim=-1)
+    return torch.nn.functional.silu(gate) * up
+
+
+def write_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Store k, v [T, Hk, D] into the paged cache at flat slots (block * S + offset)."""
+    n, s = k_cache.shape[0], k_cache.shape[1]
+    k_cache.view(n * s, *k_cache.shape[2:])[slot_mapping] = k.to(k_cache.dtype)
+    v_cache.view(n * s, *v_cache.shape[2:])[slot_mapping] = v.to(v_cache.dtype)
+
+
+def gather_kv(
+    cache: torch.Tensor, block_table: torch.Tensor, length: int
+) -> torch.Tensor:
+    """The first `length` tokens of one sequence from a paged cache: [length, Hk, D]."""
+    s = cache.shape[1]
+    nblocks = (length + s - 1) // s
+    return cache[block_table[:nblocks].long()].flatten(0, 1)[:length]
+
+
+def paged_prefill_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of a batch of query runs over their paged KV.
+
+    Sequence b owns queries q[query_start_loc[b]:query_start_loc[b+1]], which are its last
+    tokens: positions seq_lens[b] - n_b ... seq_lens[b] - 1. Its KV (cached prefix and the new
+    tokens, already written) lies in blocks block_tables[b]. Returns [T, Hq, D].
+    """
+    out = torch.empty_like(q)
+    hq, hk = q.shape[1], k_cache.shape[2]
+    qsl, lens = query_start_loc.tolist(), seq_lens.tolist()
+    for b, total in enumerate(lens):
+        lo, hi = qsl[b], qsl[b + 1]
+        if hi == lo:
+            continue
+        k = gather_kv(k_cache, block_tables[b], total).float()
+        v = gather_kv(v_cache, block_tables[b], total).float()
+        k = k.repeat_interleave(hq // hk, dim=1)
+        v = v.repeat_interleave(hq // hk, dim=1)
+        qb = q[lo:hi].float()
+        scores = torch.einsum("qhd,khd->hqk", qb, k) * scale
+        qpos = torch.arange(total - (hi - lo), total)[:, None]
+        mask = torch.arange(total)[None, :] > qpos
+        scores.masked_fill_(mask[None], float("-inf"))
+        probs = scores.softmax(-1)
+        out[lo:hi] = torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
+    return out
+
+
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """One query per sequence (q [B, Hq, D]) over seq_lens[b] cached tokens."""
+    qsl = torch.arange(q.shape[0] + 1, dtype=torch.int32)
+    return paged_prefill_attention(q, k_cache, v_cache, block_tables, seq_lens, qsl, scale)

@@ -1,0 +1,69 @@
+"""Sampling parameters and their validation (pure Python)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+class ValidationError(ValueError):
+    """A request field is invalid; `field` names it (mapped to INVALID_ARGUMENT)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int | None = None
+    max_tokens: int = 16
+    min_tokens: int = 0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    def validate(self) -> None:
+        """Raise ValidationError naming the first bad field."""
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValidationError("temperature", f"must be a finite number >= 0, got {self.temperature}")
+        if not math.isfinite(self.top_p) or not 0.0 < self.top_p <= 1.0:
+            raise ValidationError("top_p", f"must be in (0, 1], got {self.top_p}")
+        if self.top_k < -1 or self.top_k == 0:
+            raise ValidationError("top_k", f"must be -1 (off) or >= 1, got {self.top_k}")
+        if self.max_tokens <= 0:
+            raise ValidationError("max_tokens", f"must be >= 1, got {self.max_tokens}")
+        if self.min_tokens < 0 or self.min_tokens > self.max_tokens:
+            raise ValidationError(
+                "min_tokens", f"must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}"
+            )
+        if self.seed is not None and not 0 <= self.seed < 2**63:
+            raise ValidationError("seed", f"must be in [0, 2^63), got {self.seed}")
+        if any(s == "" for s in self.stop):
+            raise ValidationError("stop", "stop strings must not be empty")
+        if any(t < 0 for t in self.stop_token_ids):
+            raise ValidationError("stop_token_ids", "token ids must be >= 0")
+
+
+def validate_prompt(
+    token_ids: list[int] | tuple[int, ...], max_tokens: int, vocab_size: int, max_model_len: int
+) -> None:
+    """Checks that hold for any prompt, whichever form it came in."""
+    if len(token_ids) == 0:
+        raise ValidationError("prompt", "the prompt is empty")
+    bad = next((t for t in token_ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise ValidationError("prompt_token_ids", f"token id {bad} is outside the vocabulary [0, {vocab_size})")
+    if len(token_ids) + max_tokens > max_model_len:
+        raise ValidationError(
+            "max_tokens",
+            f"prompt ({len(token_ids)} tokens) + max_tokens ({max_tokens}) exceeds "
+            f"max_model_len ({max_model_len})",
+        )

@@ -1,0 +1,52 @@
+"""The only contract between a scheduler and a model runner.
+
+A scheduler (pure Python) emits a StepInput; the runner turns it into tensors, runs one
+forward pass over the paged cache and returns a StepOutput. Neither side reaches into the
+other's state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pdserve.core.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class SeqSlice:
+    """The tokens of one sequence to run in this step.
+
+    `token_ids` sit at positions start_pos .. start_pos + len - 1; the cache already holds the
+    sequence's first `start_pos` tokens in `block_table`, which covers every position of the
+    slice. When `sample` is set the runner samples the token at position start_pos + len
+    (a non-final chunk of a chunked prefill sets it False). `suppress_token_ids` are masked
+    before sampling (EOS and stop tokens while min_tokens is not reached).
+    """
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    start_pos: int
+    block_table: tuple[int, ...]
+    sampling: SamplingParams
+    sample: bool = True
+    suppress_token_ids: tuple[int, ...] = ()
+
+    @property
+    def end_pos(self) -> int:
+        return self.start_pos + len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class StepInput:
+    seqs: tuple[SeqSlice, ...]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(s.token_ids) for s in self.seqs)
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """Sampled token per request id, for the slices that asked for one."""
+
+    sampled: dict[str, int] = field(default_factory=dict)
