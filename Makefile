@@ -1,0 +1,28 @@
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PROTOS := $(wildcard protos/pdserve/v1/*.proto)
+
+.PHONY: run test protos venv clean
+
+run: $(STAMP)
+	$(BIN)/pdserve up --demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -ra
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+protos: $(STAMP)
+	$(BIN)/python -m pdserve.proto.generate
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,67 @@
+"""One request's state inside a worker (pure Python)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from pdserve.core.sampling import SamplingParams
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"  # needs (re)compute of some tokens before it can decode
+    RUNNING = "running"  # KV holds every token but the last: decodes one token per step
+    FINISHED = "finished"
+
+
+class Finish(enum.Enum):
+    STOP = "stop"  # EOS or a stop token id
+    LENGTH = "length"  # max_tokens or max_model_len
+    ABORT = "abort"
+
+
+@dataclass(eq=False)
+class Sequence:
+    """Tokens, cache blocks and progress of one request.
+
+    `num_computed` tokens have their KV in `block_table`; the next step computes from there.
+    """
+
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    eos_ids: tuple[int, ...] = ()
+    output_ids: list[int] = field(default_factory=list)
+    block_table: list[int] = field(default_factory=list)
+    num_computed: int = 0
+    status: SeqStatus = SeqStatus.WAITING
+    finish: Finish | None = None
+    arrival: int = 0
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    def suppressed(self) -> tuple[int, ...]:
+        """Tokens that must not be sampled yet (min_tokens not reached)."""
+        if len(self.output_ids) >= self.params.min_tokens:
+            return ()
+        eos = () if self.params.ignore_eos else self.eos_ids
+        return tuple(eos) + tuple(self.params.stop_token_ids)
+
+
+def check_finish(seq: Sequence, max_model_len: int) -> Finish | None:
+    """Why seq stops after its latest token, or None (stop strings are the gateway's)."""
+    n, p = len(seq.output_ids), seq.params
+    if n == 0:
+        return None
+    last = seq.output_ids[-1]
+    if n >= p.min_tokens:
+        if (not p.ignore_eos and last in seq.eos_ids) or last in p.stop_token_ids:
+            return Finish.STOP
+    if n >= p.max_tokens or len(seq) >= max_model_len:
+        return Finish.LENGTH
+    return None

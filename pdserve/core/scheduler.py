@@ -1,0 +1,229 @@
+"""Iteration-level scheduler shared by the prefill, decode and colocated workers (pure Python).
+
+Each step: every running sequence decodes one token (growing its blocks, preempting the newest
+sequence by recompute when blocks run out), then waiting sequences are prefilled first come,
+first served, in chunks that fit the token budget. Prefix-cached blocks are reused.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from pdserve.core.block_manager import BlockManager, prefix_hashes
+from pdserve.core.request import Finish, Sequence, SeqStatus, check_finish
+from pdserve.core.step_io import SeqSlice, StepInput, StepOutput
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 2048
+    enable_prefix_caching: bool = True
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """A token sampled for a request (token -1 when it ended without one) and why it ended."""
+
+    request_id: str
+    token: int
+    finish: Finish | None
+
+
+class Scheduler:
+    """Owns the sequences of one worker and decides what each step computes."""
+
+    def __init__(self, cfg: SchedulerConfig, blocks: BlockManager) -> None:
+        self.cfg = cfg
+        self.blocks = blocks
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self._by_id: dict[str, Sequence] = {}
+        self._hashes: dict[str, list[int]] = {}
+        self._registered: dict[str, int] = {}
+        self._inflight: set[str] = set()
+        self._aborted: set[str] = set()
+        self._arrivals = 0
+        self.preemptions = 0
+        self.prefix_hit_tokens = 0
+
+    # -- admission -------------------------------------------------------------------------
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a sequence. A RUNNING one must already hold blocks for all tokens but its last."""
+        if seq.request_id in self._by_id:
+            raise ValueError(f"duplicate request id {seq.request_id}")
+        self._arrivals += 1
+        seq.arrival = self._arrivals
+        self._by_id[seq.request_id] = seq
+        if self.cfg.enable_prefix_caching:
+            self._hashes[seq.request_id] = prefix_hashes(seq.prompt_ids, self.blocks.block_size)
+        if seq.status is SeqStatus.RUNNING:
+            self.running.append(seq)
+        else:
+            self.waiting.append(seq)
+
+    def abort(self, request_id: str) -> bool:
+        """Drop a request; its blocks are freed now, or at the end of the step that uses them."""
+        seq = self._by_id.get(request_id)
+        if seq is None:
+            return False
+        if request_id in self._inflight:
+            self._aborted.add(request_id)
+        else:
+            self._finish(seq, Finish.ABORT)
+        return True
+
+    def in_step(self, request_id: str) -> bool:
+        """True while the request is part of the step being executed."""
+        return request_id in self._inflight
+
+    def fail_step(self, step: StepInput) -> None:
+        """The runner failed this step: its sequences end as aborted at update()."""
+        self._aborted.update(sl.request_id for sl in step.seqs)
+
+    def get(self, request_id: str) -> Sequence | None:
+        return self._by_id.get(request_id)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    @property
+    def queued_tokens(self) -> int:
+        return sum(len(s) - s.num_computed for s in self.waiting)
+
+    # -- one step --------------------------------------------------------------------------
+
+    def schedule(self) -> StepInput:
+        """Pick this step's work; blocks for it are allocated before it is returned."""
+        slices: list[SeqSlice] = []
+        budget = self.cfg.max_num_batched_tokens
+        # Oldest first, so the preemption victim (the newest) is never one already scheduled.
+        self.running.sort(key=lambda s: s.arrival)
+        for seq in list(self.running):
+            if seq.status is not SeqStatus.RUNNING or budget <= 0:
+                continue
+            if not self._grow(seq, len(seq)):
+                continue
+            slices.append(self._slice(seq, len(seq) - 1, len(seq)))
+            budget -= 1
+        while self.waiting and budget > 0 and len(slices) < self.cfg.max_num_seqs:
+            seq = self.waiting[0]
+            if seq.num_computed == 0 and not seq.block_table:
+                self._reuse_prefix(seq)
+            end = min(len(seq), seq.num_computed + budget)
+            if not self._take_blocks(seq, end):
+                break
+            slices.append(self._slice(seq, seq.num_computed, end))
+            budget -= end - seq.num_computed
+            if end < len(seq):
+                break  # the rest of this prompt is the next step's chunk
+            self.waiting.popleft()
+            self.running.append(seq)
+            seq.status = SeqStatus.RUNNING
+        self._inflight = {s.request_id for s in slices}
+        return StepInput(tuple(slices))
+
+    def update(self, step: StepInput, out: StepOutput) -> list[TokenEvent]:
+        """Apply a step's results; returns the tokens sampled and the sequences that ended."""
+        events: list[TokenEvent] = []
+        for sl in step.seqs:
+            seq = self._by_id.get(sl.request_id)
+            if seq is None:
+                continue
+            seq.num_computed = sl.end_pos
+            self._register_prefix(seq)
+            if sl.request_id in self._aborted:
+                events.append(TokenEvent(seq.request_id, -1, Finish.ABORT))
+                self._finish(seq, Finish.ABORT)
+                continue
+            if not sl.sample:
+                continue
+            token = out.sampled[sl.request_id]
+            seq.output_ids.append(token)
+            finish = check_finish(seq, self.cfg.max_model_len)
+            events.append(TokenEvent(seq.request_id, token, finish))
+            if finish is not None:
+                self._finish(seq, finish)
+        self._inflight = set()
+        self._aborted.clear()
+        return events
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _slice(self, seq: Sequence, start: int, end: int) -> SeqSlice:
+        toks = seq.token_ids[start:end]
+        return SeqSlice(
+            request_id=seq.request_id,
+            token_ids=tuple(toks),
+            start_pos=start,
+            block_table=tuple(seq.block_table),
+            sampling=seq.params,
+            sample=end == len(seq),
+            suppress_token_ids=seq.suppressed(),
+        )
+
+    def _take_blocks(self, seq: Sequence, num_tokens: int) -> bool:
+        need = self.blocks.blocks_for(num_tokens) - len(seq.block_table)
+        if need <= 0:
+            return True
+        if need > self.blocks.num_free:
+            return False
+        seq.block_table += self.blocks.allocate(need)
+        return True
+
+    def _grow(self, seq: Sequence, num_tokens: int) -> bool:
+        """Blocks for a running sequence, preempting the newest others; False if seq itself went."""
+        while not self._take_blocks(seq, num_tokens):
+            victim = max(
+                (s for s in self.running if s.status is SeqStatus.RUNNING), key=lambda s: s.arrival
+            )
+            self._preempt(victim)
+            if victim is seq:
+                return False
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.blocks.free(seq.block_table)
+        seq.block_table, seq.num_computed = [], 0
+        self._registered.pop(seq.request_id, None)
+        seq.status = SeqStatus.WAITING
+        self.running.remove(seq)
+        self.waiting.appendleft(seq)
+        self.preemptions += 1
+
+    def _reuse_prefix(self, seq: Sequence) -> None:
+        hashes = self._hashes.get(seq.request_id)
+        if not hashes:
+            return
+        # Always recompute at least the last token, so the last cached block is left alone.
+        usable = hashes[: (len(seq) - 1) // self.blocks.block_size]
+        hit = self.blocks.lookup(usable)
+        seq.block_table = hit
+        seq.num_computed = len(hit) * self.blocks.block_size
+        self.prefix_hit_tokens += seq.num_computed
+
+    def _register_prefix(self, seq: Sequence) -> None:
+        hashes = self._hashes.get(seq.request_id)
+        if not hashes:
+            return
+        done = self._registered.get(seq.request_id, 0)
+        full = min(len(hashes), seq.num_computed // self.blocks.block_size)
+        for i in range(done, full):
+            self.blocks.register(seq.block_table[i], hashes[i])
+        self._registered[seq.request_id] = max(done, full)
+
+    def _finish(self, seq: Sequence, why: Finish) -> None:
+        seq.status, seq.finish = SeqStatus.FINISHED, why
+        self.blocks.free(seq.block_table)
+        seq.block_table = []
+        self._by_id.pop(seq.request_id, None)
+        self._hashes.pop(seq.request_id, None)
+        self._registered.pop(seq.request_id, None)
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)

@@ -1,0 +1,1 @@
+"""Generated gRPC stubs (make protos); do not edit by hand."""

@@ -1,0 +1,125 @@
+"""Scheduler lifecycle with a fake runner; every test ends with the leak check."""
+
+from __future__ import annotations
+
+import random
+
+from pdserve.core.block_manager import BlockManager
+from pdserve.core.request import Finish, Sequence
+from pdserve.core.sampling import SamplingParams
+from pdserve.core.scheduler import Scheduler, SchedulerConfig
+
+from pdtest.fake_runner import FakeRunner
+
+
+def make(num_blocks=64, block_size=4, **cfg) -> tuple[Scheduler, FakeRunner]:
+    sched = Scheduler(SchedulerConfig(**cfg), BlockManager(num_blocks, block_size))
+    return sched, FakeRunner(block_size)
+
+
+def run_all(sched: Scheduler, runner: FakeRunner, max_steps: int = 10_000) -> dict[str, list[int]]:
+    outs: dict[str, list[int]] = {}
+    for _ in range(max_steps):
+        if not sched.has_work:
+            break
+        step = sched.schedule()
+        assert step.num_tokens <= sched.cfg.max_num_batched_tokens
+        for ev in sched.update(step, runner.execute(step)):
+            outs.setdefault(ev.request_id, []).append(ev.token)
+    assert not sched.has_work
+    return outs
+
+
+def leak_check(sched: Scheduler) -> None:
+    assert sched.blocks.num_free == sched.blocks.num_total
+
+
+def seq(rid: str, n: int, max_tokens: int = 8, seed: int = 0) -> Sequence:
+    rng = random.Random(seed)
+    prompt = [rng.randrange(1000) for _ in range(n)]
+    return Sequence(rid, prompt, SamplingParams(temperature=0, max_tokens=max_tokens))
+
+
+def alone(n: int, max_tokens: int, seed: int) -> list[int]:
+    sched, runner = make(num_blocks=2048, block_size=4, max_num_batched_tokens=1 << 20, max_model_len=1 << 20)
+    sched.add(seq("x", n, max_tokens, seed))
+    return run_all(sched, runner)["x"]
+
+
+def test_join_and_leave_every_step_matches_solo_runs():
+    sched, runner = make(num_blocks=256, max_num_batched_tokens=64)
+    specs = [(i, 1 + 7 * i % 30, 1 + (5 * i) % 9) for i in range(12)]
+    outs: dict[str, list[int]] = {}
+    pending = list(specs)
+    while pending or sched.has_work:
+        if pending:  # one newcomer per step while others are mid-flight
+            i, n, m = pending.pop(0)
+            sched.add(seq(f"r{i}", n, m, seed=i))
+        step = sched.schedule()
+        for ev in sched.update(step, runner.execute(step)):
+            outs.setdefault(ev.request_id, []).append(ev.token)
+    for i, n, m in specs:
+        assert outs[f"r{i}"] == alone(n, m, i)
+    leak_check(sched)
+
+
+def test_preemption_recomputes_and_keeps_tokens():
+    sched, runner = make(num_blocks=12, block_size=4, max_num_batched_tokens=256)
+    for i in range(4):
+        sched.add(seq(f"r{i}", 6, 10, seed=i))
+    outs = run_all(sched, runner)
+    assert sched.preemptions > 0
+    for i in range(4):
+        assert outs[f"r{i}"] == alone(6, 10, i)
+    leak_check(sched)
+
+
+def test_chunked_prefill_of_long_prompt():
+    sched, runner = make(num_blocks=2048, block_size=16, max_num_batched_tokens=512, max_model_len=8192)
+    sched.add(seq("long", 5000, 4, seed=3))
+    outs = run_all(sched, runner)
+    prefill_steps = [s for s in runner.steps if s.num_tokens > 1]
+    assert len(prefill_steps) == 10  # ceil(5000 / 512)
+    assert all(s.num_tokens <= 512 for s in runner.steps)
+    assert outs["long"] == alone(5000, 4, 3)
+    leak_check(sched)
+
+
+def test_prefix_hit_computes_only_the_tail():
+    sched, runner = make(num_blocks=256, block_size=4, max_num_batched_tokens=4096)
+    shared = seq("a", 40, 2, seed=9)
+    sched.add(shared)
+    run_all(sched, runner)
+    tail = Sequence("b", shared.prompt_ids + [1, 2, 3], SamplingParams(temperature=0, max_tokens=2))
+    sched.add(tail)
+    first = sched.schedule()
+    assert first.seqs[0].start_pos == 40 and len(first.seqs[0].token_ids) == 3
+    assert sched.prefix_hit_tokens == 40
+    sched.update(first, runner.execute(first))
+    run_all(sched, runner)
+    leak_check(sched)
+
+
+def test_abort_mid_step_frees_at_update():
+    sched, runner = make()
+    sched.add(seq("a", 9, 50))
+    sched.add(seq("b", 5, 50))
+    step = sched.schedule()
+    assert sched.abort("a")
+    events = sched.update(step, runner.execute(step))
+    assert any(e.request_id == "a" and e.finish is Finish.ABORT for e in events)
+    assert sched.abort("b") and not sched.abort("b")
+    assert not sched.has_work
+    leak_check(sched)
+
+
+def test_max_num_seqs_caps_a_step():
+    sched, runner = make(num_blocks=512, max_num_seqs=3, max_num_batched_tokens=4096)
+    for i in range(7):
+        sched.add(seq(f"r{i}", 3, 3, seed=i))
+    assert len(sched.schedule().seqs) == 3
+    sched2, runner2 = make(num_blocks=512, max_num_seqs=3, max_num_batched_tokens=4096)
+    for i in range(7):
+        sched2.add(seq(f"r{i}", 3, 3, seed=i))
+    run_all(sched2, runner2)
+    leak_check(sched2)

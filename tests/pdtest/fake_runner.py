@@ -1,0 +1,40 @@
+"""A model stand-in for scheduler tests: the next token is a pure function of the sequence so far.
+
+It keeps a 'cache' keyed by (block, offset) exactly as a paged KV cache would, and checks that
+every slice reads only positions that were written before, through its own block table.
+"""
+
+from __future__ import annotations
+
+from pdserve.core.step_io import StepInput, StepOutput
+
+
+class FakeRunner:
+    def __init__(self, block_size: int, vocab: int = 1000) -> None:
+        self.block_size = block_size
+        self.vocab = vocab
+        self.cache: dict[tuple[int, int], tuple[int, int]] = {}  # slot -> (position, token)
+        self.steps: list[StepInput] = []
+
+    def execute(self, step: StepInput, layer_hook=None) -> StepOutput:
+        self.steps.append(step)
+        out = {}
+        for sl in step.seqs:
+            for i, tok in enumerate(sl.token_ids):
+                pos = sl.start_pos + i
+                self.cache[self._slot(sl.block_table, pos)] = (pos, tok)
+            if sl.sample:
+                history = [self._read(sl.block_table, p) for p in range(sl.end_pos)]
+                tok = hash(tuple(history)) % self.vocab
+                while tok in sl.suppress_token_ids:
+                    tok = (tok + 1) % self.vocab
+                out[sl.request_id] = tok
+        return StepOutput(out)
+
+    def _slot(self, table: tuple[int, ...], pos: int) -> tuple[int, int]:
+        return table[pos // self.block_size], pos % self.block_size
+
+    def _read(self, table: tuple[int, ...], pos: int) -> int:
+        got_pos, tok = self.cache[self._slot(table, pos)]
+        assert got_pos == pos, f"slot for position {pos} holds position {got_pos}"
+        return tok
