@@ -1,0 +1,54 @@
+"""Triton building blocks shared by the paged attention kernels.
+
+Both kernels walk a sequence's KV in tiles of BLOCK_N tokens; a tile may span several cache
+blocks (pages), so each token's page is looked up in the block table, which also lets the
+tile size differ from the cache block size.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def kv_token_offsets(bt_row, t, tmask, stride_cn, slot_stride, S: tl.constexpr):
+    """Element offsets (int64) of tokens t of one sequence inside a paged cache view."""
+    page = tl.load(bt_row + t // S, mask=tmask, other=0).to(tl.int64)
+    return page * stride_cn + (t % S).to(tl.int64) * slot_stride
+
+
+@triton.jit
+def mm(a, b, PRECISION: tl.constexpr, DOT_F32: tl.constexpr):
+    """a @ b with fp32 accumulation. DOT_F32 upcasts first: Triton's CPU interpreter
+    multiplies bf16 operands as raw uint16 bits, so interpreted runs must not dot bf16."""
+    if DOT_F32:
+        c = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        c = tl.dot(a, b, input_precision=PRECISION)
+    return c
+
+
+@triton.jit
+def attend_tile(
+    q, kc_ptr, vc_ptr, tok_off, head_off, dmask, tmask, valid,
+    m_i, l_i, acc, scale_log2, PRECISION: tl.constexpr, DOT_F32: tl.constexpr,
+):
+    """One online-softmax step of rows q [M, D] over a KV tile (log2 domain, fp32 state).
+
+    tok_off [N]: token offsets from kv_token_offsets; head_off [D]: head * D + d;
+    valid [M, N]: which (row, key) pairs attend. Every row must see at least one valid key
+    in the first tile it processes, so the running max is finite from then on.
+    """
+    kmask = dmask[:, None] & tmask[None, :]
+    k = tl.load(kc_ptr + tok_off[None, :] + head_off[:, None], mask=kmask, other=0.0)
+    s = mm(q, k, PRECISION, DOT_F32) * scale_log2
+    s = tl.where(valid, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    vmask = tmask[:, None] & dmask[None, :]
+    v = tl.load(vc_ptr + tok_off[:, None] + head_off[None, :], mask=vmask, other=0.0)
+    acc = acc * alpha[:, None] + mm(p.to(v.dtype), v, PRECISION, DOT_F32)
+    return m_new, l_i, acc

@@ -1,0 +1,168 @@
+"""Paged decode attention with GQA and split-K (Triton twin of reference.paged_decode_attention).
+
+One program handles every query head of one KV head group over one partition of one
+sequence's context (flash-decoding): the K/V tile is loaded once for the whole group, and a
+long context is cut into partitions computed in parallel, so a few long sequences still fill
+the GPU. A second small kernel merges the partitions by their log-sum-exp. The partition
+count comes from the block table's width (no host sync, CUDA-graph friendly); pass a table no
+wider than the longest sequence needs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._attention import attend_tile, kv_token_offsets
+from kernels._common import check_attention_inputs, check_device, check_dim, check_dtype
+from kernels._common import dot_precision, interpreting, next_pow2, num_sms
+
+_MIN_PARTITION = 256
+_PROGRAMS_PER_SM = 8
+
+
+@triton.jit
+def _decode_kernel(
+    q_ptr, kc_ptr, vc_ptr, bt_ptr, lens_ptr, out_ptr, lse_ptr,
+    stride_qb, stride_qh, stride_cn, stride_bt, stride_ob, stride_oh, stride_op,
+    scale_log2, head_dim, num_parts,
+    G: tl.constexpr, G_PAD: tl.constexpr, HK: tl.constexpr, S: tl.constexpr,
+    D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, PART: tl.constexpr, SPLIT: tl.constexpr,
+    PRECISION: tl.constexpr, DOT_F32: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    kvh = tl.program_id(1)
+    part = tl.program_id(2)
+    seq_len = tl.load(lens_ptr + b)
+    g = tl.arange(0, G_PAD)
+    d = tl.arange(0, D_PAD)
+    gmask = g < G
+    dmask = d < head_dim
+    heads = kvh * G + g
+    qmask = gmask[:, None] & dmask[None, :]
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=qmask, other=0.0)
+    m_i = tl.full([G_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([G_PAD], tl.float32)
+    acc = tl.zeros([G_PAD, D_PAD], tl.float32)
+    bt_row = bt_ptr + b * stride_bt
+    head_off = kvh * head_dim + d
+    end = tl.minimum(part * PART + PART, seq_len)
+    for t0 in range(part * PART, end, BLOCK_N):
+        t = t0 + tl.arange(0, BLOCK_N)
+        tmask = t < end
+        tok_off = kv_token_offsets(bt_row, t, tmask, stride_cn, HK * head_dim, S)
+        m_i, l_i, acc = attend_tile(
+            q, kc_ptr, vc_ptr, tok_off, head_off, dmask, tmask, tmask[None, :],
+            m_i, l_i, acc, scale_log2, PRECISION, DOT_F32,
+        )
+    has = l_i > 0
+    o = acc / tl.where(has, l_i, 1.0)[:, None]
+    dst = out_ptr + b * stride_ob + heads[:, None] * stride_oh + part * stride_op + d[None, :]
+    tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=qmask)
+    if SPLIT:
+        lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+        tl.store(lse_ptr + (b * (HK * G) + heads) * num_parts + part, lse, mask=gmask)
+
+
+@triton.jit
+def _merge_kernel(
+    part_ptr, lse_ptr, out_ptr, stride_ob, stride_oh, num_heads, num_parts, head_dim,
+    P_PAD: tl.constexpr, D_PAD: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    p = tl.arange(0, P_PAD)
+    d = tl.arange(0, D_PAD)
+    row = b * num_heads + h
+    lse = tl.load(lse_ptr + row * num_parts + p, mask=p < num_parts, other=float("-inf"))
+    mx = tl.max(lse, 0)
+    live = lse > float("-inf")
+    w = tl.where(live, tl.exp2(lse - tl.where(mx > float("-inf"), mx, 0.0)), 0.0)
+    den = tl.sum(w, 0)
+    pm = live[:, None] & (d[None, :] < head_dim)
+    src = part_ptr + (row * num_parts + p[:, None]) * head_dim + d[None, :]
+    o = tl.sum(tl.load(src, mask=pm, other=0.0) * w[:, None], 0)
+    o = o / tl.where(den > 0, den, 1.0)
+    dst = out_ptr + b * stride_ob + h * stride_oh + d
+    tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=d < head_dim)
+
+
+def default_partition_size(batch: int, kv_heads: int, max_context: int, device: torch.device) -> int:
+    """Largest power-of-two partition (>= 256 tokens) that still gives ~8 programs per SM."""
+    target = _PROGRAMS_PER_SM * num_sms(device.index or 0)
+    part = max(_MIN_PARTITION, next_pow2(max_context))
+    while part > _MIN_PARTITION and batch * kv_heads * triton.cdiv(max_context, part) < target:
+        part //= 2
+    return part
+
+
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """One query per sequence (q [B, Hq, D]) over seq_lens[b] cached tokens.
+
+    block_tables int32 [B, max_blocks], seq_lens int32 [B]; caches [N, S, Hk, D] may be layer
+    views of a pool. Returns a new [B, Hq, D] tensor in q's dtype.
+    """
+    max_context = block_tables.shape[1] * k_cache.shape[1] if block_tables.dim() == 2 else 0
+    part = default_partition_size(q.shape[0], k_cache.shape[2], max_context, q.device)
+    return decode_with_partitions(q, k_cache, v_cache, block_tables, seq_lens, scale, part)
+
+
+def decode_with_partitions(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    partition_size: int,
+) -> torch.Tensor:
+    """paged_decode_attention with an explicit split-K partition size (power of two >= 16)."""
+    group, d = check_attention_inputs(q, k_cache, v_cache, block_tables)
+    check_dim("seq_lens", seq_lens, 1)
+    check_dtype("seq_lens", seq_lens, (torch.int32,))
+    assert seq_lens.is_contiguous(), "seq_lens must be contiguous"
+    b, hq, _ = q.shape
+    assert seq_lens.shape[0] == b and block_tables.shape[0] == b, (
+        f"q has {b} sequences, seq_lens {seq_lens.shape[0]}, block_tables {block_tables.shape[0]}"
+    )
+    assert partition_size >= 16 and partition_size & (partition_size - 1) == 0, (
+        f"partition_size {partition_size} must be a power of two >= 16"
+    )
+    check_device(q=q, k_cache=k_cache, block_tables=block_tables, seq_lens=seq_lens)
+    out = torch.empty((b, hq, d), dtype=q.dtype, device=q.device)
+    if b == 0:
+        return out
+    hk, s = k_cache.shape[2], k_cache.shape[1]
+    parts = max(1, triton.cdiv(block_tables.shape[1] * s, partition_size))
+    split = parts > 1
+    if split:
+        dest = torch.empty((b, hq, parts, d), dtype=torch.float32, device=q.device)
+        lse = torch.empty((b, hq, parts), dtype=torch.float32, device=q.device)
+    else:
+        dest, lse = out, out  # lse is unused without a split
+    d_pad = max(16, next_pow2(d))
+    _decode_kernel[(b, hk, parts)](
+        q, k_cache, v_cache, block_tables, seq_lens, dest, lse,
+        q.stride(0), q.stride(1), k_cache.stride(0), block_tables.stride(0),
+        dest.stride(0), dest.stride(1), dest.stride(2) if split else 0,
+        scale * math.log2(math.e), d, parts,
+        G=group, G_PAD=max(16, next_pow2(group)), HK=hk, S=s, D_PAD=d_pad,
+        BLOCK_N=min(64, partition_size), PART=partition_size, SPLIT=split,
+        PRECISION=dot_precision(q.dtype), DOT_F32=interpreting(), num_warps=4, num_stages=2,
+    )
+    if split:
+        _merge_kernel[(b, hq)](
+            dest, lse, out, out.stride(0), out.stride(1), hq, parts, d,
+            P_PAD=next_pow2(parts), D_PAD=d_pad, num_warps=4,
+        )
+    return out

@@ -1,0 +1,74 @@
+"""Scatter new K/V rows into the paged cache (Triton twin of reference.write_kv)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._common import FLOAT_DTYPES, INDEX_DTYPES, check_cache, check_device, check_dim
+from kernels._common import check_dtype, check_last_contiguous, next_pow2
+
+
+@triton.jit
+def _write_kv_kernel(
+    k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr,
+    stride_kt, stride_kh, stride_vt, stride_vh, stride_cn,
+    heads, head_dim,
+    S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    tok = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_ptr + tok).to(tl.int64)
+    h = tl.arange(0, BLOCK_H)[:, None]
+    d = tl.arange(0, BLOCK_D)[None, :]
+    # Negative slots mark padded tokens (e.g. CUDA-graph padding): nothing is written.
+    m = (h < heads) & (d < head_dim) & (slot >= 0)
+    dst = (slot // S) * stride_cn + (slot % S) * (heads * head_dim) + h * head_dim + d
+    k = tl.load(k_ptr + tok * stride_kt + h * stride_kh + d, mask=m, other=0.0)
+    v = tl.load(v_ptr + tok * stride_vt + h * stride_vh + d, mask=m, other=0.0)
+    tl.store(kc_ptr + dst, k.to(kc_ptr.dtype.element_ty), mask=m)
+    tl.store(vc_ptr + dst, v.to(vc_ptr.dtype.element_ty), mask=m)
+
+
+def write_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Store k, v [T, Hk, D] into the paged cache at flat slots (block * S + offset).
+
+    The caches [N, S, Hk, D] may be layer views of a bigger pool (any block stride).
+    Unlike the reference, a negative slot skips its token (padding).
+    """
+    for name, t in (("k", k), ("v", v)):
+        check_dim(name, t, 3)
+        check_dtype(name, t, FLOAT_DTYPES)
+        check_last_contiguous(name, t)
+    check_cache("k_cache", k_cache)
+    check_cache("v_cache", v_cache)
+    assert k.shape == v.shape, f"k {tuple(k.shape)} and v {tuple(v.shape)} differ"
+    assert k_cache.shape == v_cache.shape and k_cache.stride() == v_cache.stride(), (
+        "k_cache and v_cache must share shape and strides"
+    )
+    assert k_cache.dtype == v_cache.dtype, "k_cache and v_cache dtypes differ"
+    assert k.shape[1:] == k_cache.shape[2:], (
+        f"k rows {tuple(k.shape[1:])} do not match cache (Hk, D) {tuple(k_cache.shape[2:])}"
+    )
+    check_dim("slot_mapping", slot_mapping, 1)
+    check_dtype("slot_mapping", slot_mapping, INDEX_DTYPES)
+    assert slot_mapping.is_contiguous(), "slot_mapping must be contiguous"
+    assert slot_mapping.shape[0] == k.shape[0], (
+        f"slot_mapping has {slot_mapping.shape[0]} entries for {k.shape[0]} tokens"
+    )
+    check_device(k=k, v=v, k_cache=k_cache, v_cache=v_cache, slot_mapping=slot_mapping)
+    t, hk, d = k.shape
+    if t == 0:
+        return
+    _write_kv_kernel[(t,)](
+        k, v, k_cache, v_cache, slot_mapping,
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1), k_cache.stride(0),
+        hk, d,
+        S=k_cache.shape[1], BLOCK_H=next_pow2(hk), BLOCK_D=next_pow2(d), num_warps=4,
+    )
