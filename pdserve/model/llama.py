@@ -1,0 +1,147 @@
+"""The one Llama-family forward pass (Llama 2/3/3.1, Mistral, Qwen2, Qwen3, SmolLM2).
+
+Functional over a dict of weights in our own names (see `weight_shapes`): q/k/v and gate/up
+are fused so each layer runs two matmuls fewer. Every op goes through `ops`, a namespace with
+the functions of `kernels.reference` (CPU) or `kernels.triton_ops` (CUDA).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from pdserve.model.spec import ModelSpec
+
+LayerHook = Callable[[int], None]
+
+
+@dataclass(frozen=True)
+class AttnMetadata:
+    """Batch layout for attention, built once per step by the runner.
+
+    slot_mapping [T] int64: flat cache slot (block * block_size + offset) of each new token.
+    block_tables [B, max_blocks] int32, seq_lens [B] int32 (cached + new tokens),
+    query_start_loc [B+1] int32. `is_decode` means every sequence has exactly one new token
+    (the paged decode kernel is used). `logits_indices` selects the tokens whose final hidden
+    states `forward` returns (None: all of them).
+    """
+
+    slot_mapping: torch.Tensor
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+    is_decode: bool
+    logits_indices: torch.Tensor | None = None
+
+
+def weight_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every weight the model reads (the loader's and dummy init's contract)."""
+    h, d, i = spec.hidden_size, spec.head_dim, spec.intermediate_size
+    qkv = (spec.num_heads + 2 * spec.num_kv_heads) * d
+    shapes: dict[str, tuple[int, ...]] = {
+        "embed": (spec.vocab_size, h),
+        "norm": (h,),
+        "lm_head": (spec.vocab_size, h),
+    }
+    for layer in range(spec.num_layers):
+        p = f"layers.{layer}."
+        shapes |= {
+            p + "in_norm": (h,),
+            p + "post_norm": (h,),
+            p + "qkv": (qkv, h),
+            p + "o": (h, spec.num_heads * d),
+            p + "gate_up": (2 * i, h),
+            p + "down": (h, i),
+        }
+        if spec.attention_bias:
+            shapes[p + "qkv_bias"] = (qkv,)
+        if spec.o_bias:
+            shapes[p + "o_bias"] = (h,)
+        if spec.qk_norm:
+            shapes[p + "q_norm"] = (d,)
+            shapes[p + "k_norm"] = (d,)
+    return shapes
+
+
+class LlamaModel:
+    """Forward pass over a paged KV pool [L, 2, N, S, Hk, D]."""
+
+    def __init__(
+        self, spec: ModelSpec, weights: dict[str, torch.Tensor], ops: ModuleType,
+        max_position: int | None = None,
+    ) -> None:
+        missing = set(weight_shapes(spec)) - set(weights)
+        if missing:
+            raise ValueError(f"weights missing: {sorted(missing)[:5]}")
+        self.spec = spec
+        self.ops = ops
+        self.w = weights
+        self.layers = [
+            {k[len(f"layers.{l}."):]: v for k, v in weights.items() if k.startswith(f"layers.{l}.")}
+            for l in range(spec.num_layers)
+        ]
+        device = weights["embed"].device
+        self.max_position = max_position or spec.max_position_embeddings
+        self.cos_sin = ops.rope_cos_sin(
+            spec.head_dim, self.max_position, spec.rope_theta, spec.rope_scaling
+        ).to(device)
+        self.scale = spec.head_dim**-0.5
+        kv = spec.num_kv_heads * spec.head_dim
+        self._split = [spec.num_heads * spec.head_dim, kv, kv]
+
+    @torch.inference_mode()
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttnMetadata,
+        kv_pool: torch.Tensor, layer_hook: LayerHook | None = None,
+    ) -> torch.Tensor:
+        """Run all layers over T tokens; returns final-normed hidden states [len(idx), H]."""
+        eps = self.spec.rms_norm_eps
+        h = F.embedding(input_ids, self.w["embed"])
+        residual: torch.Tensor | None = None
+        for l, lw in enumerate(self.layers):
+            x, residual = self.ops.rms_norm(h, lw["in_norm"], eps, residual)
+            h = self._attention(l, lw, x, positions, meta, kv_pool, layer_hook)
+            x, residual = self.ops.rms_norm(h, lw["post_norm"], eps, residual)
+            h = F.linear(self.ops.silu_and_mul(F.linear(x, lw["gate_up"])), lw["down"])
+        if meta.logits_indices is not None:
+            # Only the sampled tokens need the final norm and the (large) lm_head.
+            h, residual = h[meta.logits_indices], residual[meta.logits_indices]  # type: ignore[index]
+        out, _ = self.ops.rms_norm(h, self.w["norm"], eps, residual)
+        return out
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[n, H] -> float32 logits [n, V]."""
+        return F.linear(hidden, self.w["lm_head"]).float()
+
+    def _attention(
+        self, l: int, lw: dict[str, torch.Tensor], x: torch.Tensor, positions: torch.Tensor,
+        meta: AttnMetadata, kv_pool: torch.Tensor, layer_hook: LayerHook | None,
+    ) -> torch.Tensor:
+        spec, ops = self.spec, self.ops
+        t, d = x.shape[0], spec.head_dim
+        q, k, v = F.linear(x, lw["qkv"], lw.get("qkv_bias")).split(self._split, dim=-1)
+        q = q.reshape(t, spec.num_heads, d)
+        k = k.reshape(t, spec.num_kv_heads, d)
+        v = v.reshape(t, spec.num_kv_heads, d)
+        if spec.qk_norm:
+            q, _ = ops.rms_norm(q, lw["q_norm"], spec.rms_norm_eps)
+            k, _ = ops.rms_norm(k, lw["k_norm"], spec.rms_norm_eps)
+        q, k = ops.rotary(q, k, positions, self.cos_sin)
+        k_cache, v_cache = kv_pool[l, 0], kv_pool[l, 1]
+        ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        if layer_hook is not None:
+            layer_hook(l)
+        if meta.is_decode:
+            o = ops.paged_decode_attention(
+                q, k_cache, v_cache, meta.block_tables, meta.seq_lens, self.scale
+            )
+        else:
+            o = ops.paged_prefill_attention(
+                q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
+                self.scale,
+            )
+        return F.linear(o.reshape(t, spec.num_heads * d), lw["o"], lw.get("o_bias"))

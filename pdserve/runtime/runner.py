@@ -1,0 +1,130 @@
+"""ModelRunner: StepInput -> tensors -> one forward over the paged pool -> sampled tokens."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from pdserve.core.kv_layout import KvLayout
+from pdserve.core.step_io import SeqSlice, StepInput, StepOutput
+from pdserve.model.llama import AttnMetadata, LayerHook, LlamaModel
+from pdserve.model.loader import load_weights
+from pdserve.model.spec import ModelSpec
+from pdserve.runtime.kv_cache import allocate_kv_pool, kv_layout
+from pdserve.runtime.sampler import sample_tokens
+
+
+def default_ops(device: str | torch.device) -> ModuleType:
+    """kernels.reference on CPU, kernels.triton_ops on CUDA (same function names)."""
+    name = "kernels.triton_ops" if torch.device(device).type == "cuda" else "kernels.reference"
+    return importlib.import_module(name)
+
+
+class ModelRunner:
+    """Owns the weights, the KV pool and a sampler generator of one worker."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        model_dir: str | Path | None,
+        *,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        num_blocks: int,
+        block_size: int = 16,
+        load_format: str = "auto",
+        seed: int = 0,
+        ops: ModuleType | None = None,
+    ) -> None:
+        self.spec = spec
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        weights = load_weights(
+            spec, model_dir, device=self.device, dtype=dtype, load_format=load_format, seed=seed
+        )
+        self.model = LlamaModel(spec, weights, ops or default_ops(self.device))
+        self.kv_pool = allocate_kv_pool(spec, num_blocks, block_size, dtype, self.device)
+        self.layout: KvLayout = kv_layout(spec, block_size, dtype)
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+
+    @torch.inference_mode()
+    def execute(self, step: StepInput, layer_hook: LayerHook | None = None) -> StepOutput:
+        """Run one step; `layer_hook(l)` is called once layer l's new KV is in the pool."""
+        if not step.seqs:
+            return StepOutput()
+        for s in step.seqs:
+            self._validate(s)
+        if len({s.request_id for s in step.seqs}) != len(step.seqs):
+            raise ValueError("a request appears twice in one step")
+        ids, positions, meta = self._prepare(step.seqs)
+        hidden = self.model.forward(ids, positions, meta, self.kv_pool, layer_hook)
+        sampled = [s for s in step.seqs if s.sample]
+        if not sampled:
+            return StepOutput()
+        logits = self.model.compute_logits(hidden)
+        tokens = sample_tokens(
+            logits,
+            [s.sampling for s in sampled],
+            [s.end_pos for s in sampled],
+            [s.suppress_token_ids for s in sampled],
+            self.generator,
+        )
+        return StepOutput(sampled={s.request_id: t for s, t in zip(sampled, tokens)})
+
+    def _validate(self, s: SeqSlice) -> None:
+        if not s.token_ids:
+            raise ValueError(f"{s.request_id}: slice has no tokens")
+        if s.start_pos < 0 or s.end_pos > self.model.max_position:
+            raise ValueError(
+                f"{s.request_id}: positions {s.start_pos}..{s.end_pos - 1} outside "
+                f"[0, {self.model.max_position})"
+            )
+        window = self.spec.sliding_window
+        if window is not None and s.end_pos > window:
+            # The reference attention has no window: refuse rather than compute it wrongly.
+            raise ValueError(f"{s.request_id}: {s.end_pos} tokens exceed the sliding window {window}")
+        need = -(-s.end_pos // self.block_size)
+        if len(s.block_table) < need:
+            raise ValueError(
+                f"{s.request_id}: block table has {len(s.block_table)} blocks, positions up to "
+                f"{s.end_pos - 1} need {need}"
+            )
+        if min(s.block_table[:need]) < 0 or max(s.block_table[:need]) >= self.num_blocks:
+            raise ValueError(f"{s.request_id}: block id outside the pool [0, {self.num_blocks})")
+        if min(s.token_ids) < 0 or max(s.token_ids) >= self.spec.vocab_size:
+            raise ValueError(f"{s.request_id}: token id outside the vocabulary")
+
+    def _prepare(self, seqs: tuple[SeqSlice, ...]) -> tuple[torch.Tensor, torch.Tensor, AttnMetadata]:
+        """Flat lists -> tensors in one go; slot mapping is gathered on the device."""
+        dev, bs = self.device, self.block_size
+        ids: list[int] = []
+        pos: list[int] = []
+        qsl = [0]
+        for s in seqs:
+            ids.extend(s.token_ids)
+            pos.extend(range(s.start_pos, s.end_pos))
+            qsl.append(len(ids))
+        width = max(-(-s.end_pos // bs) for s in seqs)
+        tables = [list(s.block_table[:width]) + [0] * (width - len(s.block_table)) for s in seqs]
+        ids_t = torch.tensor(ids, dtype=torch.long, device=dev)
+        pos_t = torch.tensor(pos, dtype=torch.long, device=dev)
+        qsl_t = torch.tensor(qsl, dtype=torch.int32, device=dev)
+        bt_t = torch.tensor(tables, dtype=torch.int32, device=dev)
+        counts = qsl_t.diff()
+        seq_of_token = torch.repeat_interleave(torch.arange(len(seqs), device=dev), counts)
+        slots = bt_t[seq_of_token, pos_t // bs].long() * bs + pos_t % bs
+        sample_idx = [qsl[i + 1] - 1 for i, s in enumerate(seqs) if s.sample]
+        meta = AttnMetadata(
+            slot_mapping=slots,
+            block_tables=bt_t,
+            seq_lens=torch.tensor([s.end_pos for s in seqs], dtype=torch.int32, device=dev),
+            query_start_loc=qsl_t,
+            is_decode=len(ids) == len(seqs),
+            logits_indices=torch.tensor(sample_idx, dtype=torch.long, device=dev),
+        )
+        return ids_t, pos_t, meta

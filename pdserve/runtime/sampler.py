@@ -1,0 +1,90 @@
+"""Batched token sampling: greedy, temperature, top-k, top-p, suppressed ids, per-request seeds.
+
+A seeded request draws the token at position p from a generator seeded with
+`position_seed(seed, p)` alone, so a token does not depend on batch composition, on the
+request's earlier draws, or on which worker (prefill or decode) samples it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from pdserve.core.sampling import SamplingParams
+
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def position_seed(seed: int, position: int) -> int:
+    """Generator seed for the draw of the token at `position` of a request seeded `seed`."""
+    return _splitmix64((_splitmix64(seed) + position) & _MASK64) >> 1  # 63 bits: any torch accepts
+
+
+def sample_tokens(
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    positions: Sequence[int],
+    suppress: Sequence[Sequence[int]] | None = None,
+    generator: torch.Generator | None = None,
+) -> list[int]:
+    """One token per row of `logits` [B, V].
+
+    positions[b] is the position the sampled token will take (SeqSlice.end_pos); it keys
+    seeded draws. suppress[b] are ids masked to -inf first. Unseeded non-greedy rows draw
+    from `generator` (the runner's). Greedy means temperature 0 or top_k 1.
+    """
+    logits = logits.float().clone()  # masked in place below; the caller's tensor stays intact
+    if suppress is not None:
+        rows = [b for b, ids in enumerate(suppress) for _ in ids]
+        cols = [t for ids in suppress for t in ids]
+        if rows:
+            logits[rows, cols] = float("-inf")
+    out = logits.argmax(dim=-1)
+    rows = [b for b, p in enumerate(params) if not p.greedy]
+    if rows:
+        probs = token_probs(logits[rows], [params[b] for b in rows])
+        drawn = _draw(probs, [params[b].seed for b in rows], [positions[b] for b in rows], generator)
+        out[rows] = drawn
+    return out.tolist()
+
+
+def token_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """Probabilities [B, V] after temperature, top-k and top-p (non-greedy params only)."""
+    dev = logits.device
+    temps = torch.tensor([p.temperature for p in params], device=dev, dtype=logits.dtype)
+    x = logits / temps[:, None]
+    if all(p.top_k < 1 and p.top_p >= 1.0 for p in params):
+        return x.softmax(dim=-1)
+    v = x.shape[-1]
+    sorted_x, idx = x.sort(dim=-1, descending=True)
+    ks = torch.tensor([p.top_k if p.top_k >= 1 else v for p in params], device=dev)
+    ranks = torch.arange(v, device=dev)
+    sorted_x.masked_fill_(ranks[None, :] >= ks[:, None], float("-inf"))
+    sp = sorted_x.softmax(dim=-1)
+    # top_p == 1 must keep everything, even where the cumulative sum rounds past 1.
+    top_p = torch.tensor([p.top_p if p.top_p < 1.0 else float("inf") for p in params], device=dev)
+    # Drop a token once the mass before it reaches top_p; the most likely one always stays.
+    sorted_x.masked_fill_((sp.cumsum(dim=-1) - sp) >= top_p[:, None], float("-inf"))
+    filtered = torch.full_like(x, float("-inf")).scatter_(-1, idx, sorted_x)
+    return filtered.softmax(dim=-1)
+
+
+def _draw(
+    probs: torch.Tensor, seeds: Sequence[int | None], positions: Sequence[int],
+    generator: torch.Generator | None,
+) -> torch.Tensor:
+    """Exponential race (argmax p / E, E ~ Exp(1)) == a categorical draw, without a sync."""
+    noise = torch.empty_like(probs).exponential_(generator=generator)
+    for r, (seed, pos) in enumerate(zip(seeds, positions)):
+        if seed is not None:
+            g = torch.Generator(device=probs.device).manual_seed(position_seed(seed, pos))
+            noise[r].exponential_(generator=g)
+    return (probs / noise).argmax(dim=-1)
