@@ -1,0 +1,28 @@
+"""The Triton op namespace: one twin of every op in kernels.reference, same names and signatures.
+
+The model calls ops through a namespace (kernels.reference on CPU, kernels.triton_ops on
+CUDA). Imports Triton at module import, so import this module only where Triton runs (CUDA,
+or CPU with TRITON_INTERPRET=1). rope_cos_sin builds a table once and gather_kv is a debug
+helper; both stay in plain torch.
+"""
+
+from __future__ import annotations
+
+from kernels.decode_attention import paged_decode_attention
+from kernels.prefill_attention import paged_prefill_attention
+from kernels.reference import gather_kv, rope_cos_sin
+from kernels.rms_norm import rms_norm
+from kernels.rotary import rotary
+from kernels.silu_and_mul import silu_and_mul
+from kernels.write_kv import write_kv
+
+__all__ = [
+    "gather_kv",
+    "paged_decode_attention",
+    "paged_prefill_attention",
+    "rms_norm",
+    "rope_cos_sin",
+    "rotary",
+    "silu_and_mul",
+    "write_kv",
+]
