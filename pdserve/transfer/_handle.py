@@ -1,0 +1,113 @@
+"""SendHandle state machine shared by chunk-based backends; subclasses only move chunks."""
+
+from __future__ import annotations
+
+import threading
+import time
+from abc import abstractmethod
+from collections.abc import Sequence
+
+import torch
+
+from pdserve.core.kv_layout import KvLayout
+from pdserve.proto import kv_pb2
+from pdserve.transfer._wire import block_bytes, check_pool, encode_layer
+from pdserve.transfer.base import KvTargetSpec, SendHandle, TransferError, TransferState, TransferStats
+
+
+class ChunkSendHandle(SendHandle):
+    """Encodes pushes into KvChunks and tracks state; `_send`, `_complete`, `_cancel` move them."""
+
+    def __init__(
+        self, target: KvTargetSpec, kv_pool: torch.Tensor, layout: KvLayout, chunk_bytes: int
+    ) -> None:
+        check_pool(kv_pool, layout)
+        self._target = target
+        self._pool = kv_pool
+        self._hash = layout.compat_hash()
+        self._blocks_per_chunk = max(1, chunk_bytes // block_bytes(layout))
+        self._lock = threading.Lock()
+        self._state = TransferState.PENDING
+        self._error: TransferError | None = None
+        self._bytes = 0
+        self._chunks = 0
+        self._t0 = time.monotonic()
+
+    @property
+    def state(self) -> TransferState:
+        return self._state
+
+    def push(self, layer: int, src_block_ids: Sequence[int], dst_block_offset: int) -> None:
+        end = dst_block_offset + len(src_block_ids)
+        if dst_block_offset < 0 or end > len(self._target.block_ids):
+            raise ValueError(
+                f"target blocks [{dst_block_offset}, {end}) outside the "
+                f"{len(self._target.block_ids)} blocks of {self._target.request_id}"
+            )
+        with self._lock:
+            if self._state.final:
+                return
+            self._state = TransferState.SENDING
+        chunks = encode_layer(
+            self._pool, layer, src_block_ids, dst_block_offset,
+            self._target.request_id, self._hash, self._blocks_per_chunk,
+        )
+        for chunk in chunks:
+            if self._state.final:
+                return
+            self._bytes += len(chunk.data)
+            self._chunks += 1
+            self._send(chunk)
+
+    def finish(self, timeout: float) -> TransferStats:
+        with self._lock:
+            if self._state == TransferState.ABORTED:
+                raise TransferError("KV transfer was aborted", retryable=False, code="CANCELLED")
+            if self._error is not None:
+                raise self._error
+            if self._state == TransferState.DONE:
+                raise RuntimeError("finish() called twice")
+        last = kv_pb2.KvChunk(request_id=self._target.request_id, layout_hash=self._hash, last=True)
+        self._chunks += 1
+        try:
+            ack = self._complete(last, timeout)
+            if ack.bytes != self._bytes:
+                raise TransferError(
+                    f"receiver acknowledged {ack.bytes} bytes, {self._bytes} were sent",
+                    retryable=False,
+                )
+        except TransferError as err:
+            self._fail(err)
+            raise self._error or err from None
+        with self._lock:
+            if self._state == TransferState.ABORTED:
+                raise TransferError("KV transfer was aborted", retryable=False, code="CANCELLED")
+            self._state = TransferState.DONE
+        return TransferStats(self._bytes, time.monotonic() - self._t0, self._chunks)
+
+    def abort(self) -> None:
+        with self._lock:
+            if self._state.final:
+                return
+            self._state = TransferState.ABORTED
+        self._cancel()
+
+    def _fail(self, err: TransferError) -> None:
+        """Record the first error; later pushes become no-ops and finish raises it."""
+        with self._lock:
+            if self._state.final:
+                return
+            self._state = TransferState.FAILED
+            self._error = err
+
+    @abstractmethod
+    def _send(self, chunk: kv_pb2.KvChunk) -> None:
+        """Hand one data chunk to the transport (must not block on the network)."""
+
+    @abstractmethod
+    def _complete(self, last: kv_pb2.KvChunk, timeout: float) -> kv_pb2.PushAck:
+        """Send the final chunk and wait up to `timeout` for the ack; raise TransferError."""
+
+    @abstractmethod
+    def _cancel(self) -> None:
+        """Tear the transport down after abort()."""

@@ -1,0 +1,131 @@
+"""Receiver bookkeeping shared by chunk-based backends: reservations, checked writes, forget."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import grpc
+import torch
+
+from pdserve.core.kv_layout import KvLayout
+from pdserve.proto import kv_pb2
+from pdserve.transfer._wire import ChunkRejected, check_chunk, check_pool, torch_dtype
+from pdserve.transfer.base import CompletionCallback, KvReceiver
+
+_FORGOTTEN_MEMORY = 4096  # recently forgotten ids kept only to give a clearer refusal
+
+
+@dataclass
+class _Reservation:
+    block_ids: tuple[int, ...]
+    # Held for the check+write of one chunk and by forget(): once forget() returns, no write
+    # for this request is in progress and none can start.
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    bytes: int = 0
+    chunks: int = 0
+    complete: bool = False
+    forgotten: bool = False
+
+
+class ReceiverCore(KvReceiver):
+    """KvReceiver over one pool [L, 2, N, B, H, D]; `apply` validates and writes one chunk."""
+
+    def __init__(
+        self,
+        kv_pool: torch.Tensor,
+        layout: KvLayout,
+        on_complete: CompletionCallback | None = None,
+    ) -> None:
+        check_pool(kv_pool, layout)
+        self.layout = layout
+        self._pool = kv_pool
+        self._dtype = torch_dtype(layout)
+        self._on_complete = on_complete
+        self._lock = threading.Lock()
+        self._reservations: dict[str, _Reservation] = {}
+        self._forgotten: OrderedDict[str, None] = OrderedDict()
+
+    def expect(self, request_id: str, block_ids: Sequence[int]) -> None:
+        num_blocks = self._pool.shape[2]
+        ids = tuple(int(b) for b in block_ids)
+        if any(not 0 <= b < num_blocks for b in ids):
+            raise ValueError(f"block ids out of range [0, {num_blocks}): {ids}")
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"duplicate block ids for {request_id}: {ids}")
+        with self._lock:
+            if request_id in self._reservations:
+                raise ValueError(f"request {request_id} is already expected")
+            self._forgotten.pop(request_id, None)
+            self._reservations[request_id] = _Reservation(ids)
+
+    def forget(self, request_id: str) -> None:
+        with self._lock:
+            res = self._reservations.pop(request_id, None)
+            if res is None:
+                return
+            self._forgotten[request_id] = None
+            while len(self._forgotten) > _FORGOTTEN_MEMORY:
+                self._forgotten.popitem(last=False)
+        with res.lock:  # waits for a write in progress
+            res.forgotten = True
+
+    def received_bytes(self, request_id: str) -> int:
+        with self._lock:
+            return self._reservations[request_id].bytes
+
+    def is_complete(self, request_id: str) -> bool:
+        with self._lock:
+            return self._reservations[request_id].complete
+
+    def apply(self, chunk: kv_pb2.KvChunk) -> kv_pb2.PushAck | None:
+        """Validate and write one chunk; return the PushAck after the last one.
+        Raises ChunkRejected (nothing written) when the chunk may not be applied."""
+        res = self._lookup(chunk.request_id)
+        with res.lock:
+            if res.forgotten:
+                raise _forgotten_error(chunk.request_id)
+            if res.complete:
+                raise ChunkRejected(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"request {chunk.request_id} already received its last chunk",
+                )
+            dst = check_chunk(chunk, self.layout, res.block_ids)
+            if dst:
+                self._write(chunk.layer, dst, chunk.data)
+            res.bytes += len(chunk.data)
+            res.chunks += 1
+            if not chunk.last:
+                return None
+            res.complete = True
+            ack = kv_pb2.PushAck(bytes=res.bytes, chunks=res.chunks)
+        if self._on_complete is not None:
+            self._on_complete(chunk.request_id)
+        return ack
+
+    def _lookup(self, request_id: str) -> _Reservation:
+        with self._lock:
+            res = self._reservations.get(request_id)
+            if res is not None:
+                return res
+            if request_id in self._forgotten:
+                raise _forgotten_error(request_id)
+        raise ChunkRejected(grpc.StatusCode.NOT_FOUND, f"request {request_id!r} is not expected")
+
+    def _write(self, layer: int, dst: tuple[int, ...], data: bytes) -> None:
+        shape = (2, len(dst), *self._pool.shape[3:])
+        # bytearray: torch.frombuffer warns on read-only buffers such as protobuf bytes.
+        src = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(self._dtype).view(shape)
+        index = torch.tensor(dst, dtype=torch.long, device=self._pool.device)
+        self._pool[layer][:, index] = src.to(self._pool.device)
+        if self._pool.is_cuda:  # visible before the ack
+            torch.cuda.current_stream(self._pool.device).synchronize()
+
+
+def _forgotten_error(request_id: str) -> ChunkRejected:
+    return ChunkRejected(
+        grpc.StatusCode.NOT_FOUND,
+        f"request {request_id!r} was forgotten (aborted or lease expired)",
+    )
