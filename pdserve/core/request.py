@@ -34,6 +34,7 @@ class Sequence:
     output_ids: list[int] = field(default_factory=list)
     block_table: list[int] = field(default_factory=list)
     num_computed: int = 0
+    num_cached: int = 0  # prompt tokens found in the prefix cache at admission
     status: SeqStatus = SeqStatus.WAITING
     finish: Finish | None = None
     arrival: int = 0

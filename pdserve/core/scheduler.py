@@ -203,7 +203,7 @@ class Scheduler:
         usable = hashes[: (len(seq) - 1) // self.blocks.block_size]
         hit = self.blocks.lookup(usable)
         seq.block_table = hit
-        seq.num_computed = len(hit) * self.blocks.block_size
+        seq.num_computed = seq.num_cached = len(hit) * self.blocks.block_size
         self.prefix_hit_tokens += seq.num_computed
 
     def _register_prefix(self, seq: Sequence) -> None:

@@ -1,0 +1,62 @@
+"""`python -m decode_service` / `pdserve decode`: a decode worker."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from pdserve.proto import worker_pb2_grpc
+
+
+def parser() -> argparse.ArgumentParser:
+    from pdserve.worker import add_worker_args
+
+    p = argparse.ArgumentParser(prog="pdserve decode", description="pdserve decode worker")
+    add_worker_args(p)
+    p.add_argument("--lease-ms", type=int, default=10_000, help="reservation lease")
+    return p
+
+
+async def amain(args: argparse.Namespace) -> None:
+    from decode_service.engine import DecodeEngine
+    from decode_service.server import DecodeServicer, lease_reaper
+    from pdserve import serving
+    from pdserve.runtime.loop import EngineLoop
+    from pdserve.worker import build
+
+    built = build(args)
+    loop = EngineLoop(built.scheduler, built.runner)
+    if args.kv_transfer != "tcp":
+        raise SystemExit(f"--kv-transfer {args.kv_transfer}: not built yet on the decode worker; use tcp")
+    from pdserve.transfer.tcp import TcpKvReceiver
+
+    receiver = TcpKvReceiver(built.runner.kv_pool, built.runner.layout)
+    engine = DecodeEngine(loop, receiver, built.spec.eos_token_ids, args.lease_ms / 1000)
+    address = f"{args.host}:{args.port}"
+    server = serving.new_server()
+    servicer = DecodeServicer(engine, built.runner.layout, address, args.kv_transfer, built.model_name)
+    worker_pb2_grpc.add_DecodeWorkerServicer_to_server(servicer, server)
+    receiver.add_to_server(server)
+    names = ["pdserve.v1.DecodeWorker", "pdserve.v1.KvTransfer"]
+    health = serving.add_health(server, names)
+    loop.start()
+    reaper = asyncio.create_task(lease_reaper(engine))
+
+    async def stop() -> None:
+        reaper.cancel()
+        loop.stop()
+
+    await serving.serve(server, address, health, names, on_stop=stop)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    from pdserve.serving import setup_logging
+
+    setup_logging(args.log_level)
+    asyncio.run(amain(args))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,53 @@
+"""`python -m gateway` / `pdserve gateway`: the public gRPC front door."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+
+def parser() -> argparse.ArgumentParser:
+    from pdserve.worker import add_model_args
+
+    p = argparse.ArgumentParser(prog="pdserve gateway", description="pdserve gateway")
+    add_model_args(p)
+    p.add_argument("--prefill", required=True, help="prefill workers, host:port,...")
+    p.add_argument("--decode", required=True, help="decode workers, host:port,...")
+    return p
+
+
+async def amain(args: argparse.Namespace) -> None:
+    from grpc_reflection.v1alpha import reflection
+
+    from gateway.router import Router
+    from gateway.server import GatewayService, ModelInfo, add_to_server
+    from gateway.tokenizer import load_tokenizer
+    from pdserve import serving
+    from pdserve.model.prepare import resolve_model
+    from pdserve.model.spec import ModelSpec
+
+    model_dir = resolve_model(args.model)
+    spec = ModelSpec.from_dir(model_dir)
+    tok = load_tokenizer(model_dir)
+    info = ModelInfo(args.served_model_name or model_dir.name, args.max_model_len,
+                     spec.vocab_size, spec.eos_token_ids)
+    router = Router(args.prefill.split(","), args.decode.split(","))
+    server = serving.new_server()
+    add_to_server(GatewayService(info, tok, router), server)
+    names = ["pdserve.v1.Gateway"]
+    health = serving.add_health(server, names)
+    reflection.enable_server_reflection([*names, "grpc.health.v1.Health", reflection.SERVICE_NAME], server)
+    await serving.serve(server, f"{args.host}:{args.port}", health, names, on_stop=router.close)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    from pdserve.serving import setup_logging
+
+    setup_logging(args.log_level)
+    asyncio.run(amain(args))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

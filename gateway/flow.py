@@ -1,0 +1,71 @@
+"""The whole path of one request across the workers: reserve, prefill, decode, abort.
+
+Yields lists of new token ids, the last one with the worker's finish reason. Whatever ends
+the generator early (client cancel, deadline, stop string, error) aborts the request on both
+workers, so no block outlives it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import grpc
+
+from gateway.router import Router, Worker
+from pdserve.proto import worker_pb2
+
+WIRE_FINISH = {worker_pb2.WORKER_FINISH_STOP: "stop", worker_pb2.WORKER_FINISH_LENGTH: "length",
+               worker_pb2.WORKER_FINISH_ABORT: "abort"}
+
+
+@dataclass(frozen=True)
+class Job:
+    request_id: str
+    prompt: list[int]
+    sampling: worker_pb2.WorkerSampling
+    first_token_finishes: object  # callable(token) -> finish reason or None
+
+
+async def run(job: Job, router: Router, timeout: float | None) -> AsyncIterator[tuple[list[int], str | None]]:
+    decode, prefill = router.pick(router.decode), router.pick(router.prefill)
+    rid, done, prefilled = job.request_id, False, False
+    decode.inflight += 1
+    prefill.inflight += 1
+    try:
+        target = await decode.stub.Reserve(
+            worker_pb2.ReserveRequest(request_id=rid, num_tokens=len(job.prompt)), timeout=timeout)
+        first = await prefill.stub.Prefill(
+            worker_pb2.PrefillRequest(request_id=rid, prompt_token_ids=job.prompt, sampling=job.sampling,
+                                      target=target), timeout=timeout)
+        prefill.inflight -= 1
+        prefilled = True
+        finish = job.first_token_finishes(first.first_token)
+        if finish is not None:
+            await _abort(decode, rid)  # release the reservation: nothing to decode
+            done = True
+            yield [first.first_token], finish
+            return
+        yield [first.first_token], None
+        call = decode.stub.Decode(worker_pb2.DecodeRequest(
+            request_id=rid, prompt_token_ids=job.prompt, first_token=first.first_token,
+            sampling=job.sampling), timeout=timeout)
+        async for batch in call:
+            finish = WIRE_FINISH.get(batch.finish)
+            done = finish is not None
+            yield list(batch.token_ids), finish
+            if done:
+                return
+    finally:
+        decode.inflight -= 1
+        if not prefilled:
+            prefill.inflight -= 1
+        if not done:
+            await _abort(prefill, rid)
+            await _abort(decode, rid)
+
+
+async def _abort(worker: Worker, rid: str) -> None:
+    with contextlib.suppress(grpc.RpcError):
+        await worker.stub.Abort(worker_pb2.AbortRequest(request_id=rid), timeout=2.0)

@@ -1,0 +1,115 @@
+"""The `pdserve` command: up | gateway | prefill | decode | generate | prepare-model."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+DEMO_QUESTION = "What is the capital of France?"
+
+
+def _up(argv: list[str]) -> None:
+    p = argparse.ArgumentParser(prog="pdserve up", description="gateway + prefill + decode on 127.0.0.1")
+    p.add_argument("--model", default=None)
+    p.add_argument("--port", type=int, default=50051, help="gateway port")
+    p.add_argument("--demo", action="store_true", help=f"ask {DEMO_QUESTION!r} once everything is up")
+    p.add_argument("--quiet", action="store_true", help="do not echo the services' logs")
+    args, worker_args = p.parse_known_args(argv)
+    from pdserve.launch import Stack
+    from pdserve.model.prepare import resolve_model
+
+    model = resolve_model(args.model)  # prepares the default model once, with a progress bar
+    print("starting prefill, decode and gateway ...", flush=True)
+    stack = Stack(model=str(model), worker_args=worker_args, echo=not args.quiet)
+    stack.start(gateway_port=args.port)
+    try:
+        for name, proc in stack.procs.items():
+            print(f"  {name:8s} {proc.address}")
+        if args.demo:
+            _stream(stack.gateway, messages=[("user", DEMO_QUESTION)], max_tokens=64, temperature=0.0)
+        print(f"serving on {stack.gateway}; try: pdserve generate --address {stack.gateway} \"Hello\"")
+        print("Ctrl-C to stop", flush=True)
+        while all(pr.popen.poll() is None for pr in stack.procs.values()):
+            time.sleep(0.5)
+        print("a service exited; stopping", file=sys.stderr)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stack.stop()
+
+
+def _stream(address: str, **kw: object) -> None:
+    from pdserve.client import Client, build_request
+
+    with Client(address) as client:
+        for msg in client.stream(build_request(**kw)):
+            if msg.HasField("chunk"):
+                print(msg.chunk.text, end="", flush=True)
+            else:
+                c = msg.complete
+                reason = {1: "stop", 2: "length", 3: "abort"}.get(c.finish_reason, "?")
+                print(f"\n[finish={reason} prompt_tokens={c.usage.prompt_tokens} "
+                      f"completion_tokens={c.usage.completion_tokens}]")
+
+
+def _generate(argv: list[str]) -> None:
+    p = argparse.ArgumentParser(prog="pdserve generate", description="stream a completion from a gateway")
+    p.add_argument("prompt")
+    p.add_argument("--address", default="127.0.0.1:50051")
+    p.add_argument("--chat", action="store_true", help="send the prompt as a user chat message")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=[])
+    a = p.parse_args(argv)
+    kw = {k: v for k, v in dict(top_p=a.top_p, top_k=a.top_k, seed=a.seed).items() if v is not None}
+    prompt = {"messages": [("user", a.prompt)]} if a.chat else {"text": a.prompt}
+    import grpc
+
+    try:
+        _stream(a.address, max_tokens=a.max_tokens, temperature=a.temperature, stop=a.stop, **prompt, **kw)
+    except grpc.RpcError as e:
+        raise SystemExit(f"error: {e.code().name}: {e.details()}")
+
+
+def _prepare(argv: list[str]) -> None:
+    p = argparse.ArgumentParser(prog="pdserve prepare-model", description="prepare the default model")
+    p.add_argument("--model", default=None, help="an HF folder to check instead of the default model")
+    a = p.parse_args(argv)
+    from pdserve.model.prepare import resolve_model
+
+    print(resolve_model(a.model))
+
+
+def _service(module: str):
+    def run(argv: list[str]) -> None:
+        import importlib
+
+        importlib.import_module(f"{module}.__main__").main(argv)
+
+    return run
+
+
+COMMANDS = {
+    "up": _up,
+    "gateway": _service("gateway"),
+    "prefill": _service("prefill_service"),
+    "decode": _service("decode_service"),
+    "generate": _generate,
+    "prepare-model": _prepare,
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in COMMANDS:
+        print(f"usage: pdserve {{{'|'.join(COMMANDS)}}} [options]   (pdserve CMD --help)", file=sys.stderr)
+        raise SystemExit(2)
+    COMMANDS[argv[0]](argv[1:])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""Python client for the pdserve gateway's gRPC API."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any
+
+import grpc
+
+from pdserve.proto import gateway_pb2, gateway_pb2_grpc
+from pdserve.serving import GRPC_OPTIONS
+
+Message = tuple[str, str]
+
+
+def build_request(
+    text: str | None = None, messages: Sequence[Message] | None = None,
+    token_ids: Sequence[int] | None = None, model: str = "", **sampling: Any,
+) -> gateway_pb2.GenerateRequest:
+    """A GenerateRequest from one kind of prompt and sampling keywords (temperature=..., stop=[...])."""
+    req = gateway_pb2.GenerateRequest(model=model, sampling=gateway_pb2.SamplingParams(**sampling))
+    if text is not None:
+        req.text = text
+    elif messages is not None:
+        req.chat.messages.extend(gateway_pb2.ChatMessage(role=r, content=c) for r, c in messages)
+    elif token_ids is not None:
+        req.token_ids.ids.extend(token_ids)
+    return req
+
+
+class Client:
+    """Blocking client; `generate` yields Chunk messages and returns after the Complete one."""
+
+    def __init__(self, address: str) -> None:
+        self.channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+        self.stub = gateway_pb2_grpc.GatewayStub(self.channel)
+
+    def stream(self, request: gateway_pb2.GenerateRequest, timeout: float | None = None) -> Iterator[gateway_pb2.GenerateResponse]:
+        return self.stub.Generate(request, timeout=timeout)
+
+    def generate(self, timeout: float | None = None, **kw: Any) -> tuple[str, list[int], gateway_pb2.Complete]:
+        """Whole text, token ids and the Complete message of one request."""
+        text, ids, done = [], [], None
+        for msg in self.stream(build_request(**kw), timeout=timeout):
+            if msg.HasField("chunk"):
+                text.append(msg.chunk.text)
+                ids.extend(msg.chunk.token_ids)
+            else:
+                done = msg.complete
+        return "".join(text), ids, done
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncClient:
+    """asyncio client; cancel the consuming task (or use a timeout) to abort a request."""
+
+    def __init__(self, address: str) -> None:
+        self.channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
+        self.stub = gateway_pb2_grpc.GatewayStub(self.channel)
+
+    async def stream(self, request: gateway_pb2.GenerateRequest, timeout: float | None = None) -> AsyncIterator[gateway_pb2.GenerateResponse]:
+        async for msg in self.stub.Generate(request, timeout=timeout):
+            yield msg
+
+    async def generate(self, timeout: float | None = None, **kw: Any) -> tuple[str, list[int], gateway_pb2.Complete]:
+        text, ids, done = [], [], None
+        async for msg in self.stream(build_request(**kw), timeout=timeout):
+            if msg.HasField("chunk"):
+                text.append(msg.chunk.text)
+                ids.extend(msg.chunk.token_ids)
+            else:
+                done = msg.complete
+        return "".join(text), ids, done
+
+    async def close(self) -> None:
+        await self.channel.close()

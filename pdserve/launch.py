@@ -1,0 +1,104 @@
+"""Start gateway + prefill + decode as child processes on loopback (`pdserve up`, tests)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Proc:
+    name: str
+    address: str
+    popen: subprocess.Popen
+    lines: list[str] = field(default_factory=list)
+    ready: threading.Event = field(default_factory=threading.Event)
+
+    def pump(self, echo: bool) -> None:
+        for line in self.popen.stdout:  # type: ignore[union-attr]
+            self.lines.append(line)
+            if line.startswith("READY"):
+                self.ready.set()
+            if echo:
+                sys.stderr.write(f"[{self.name}] {line}")
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.popen.poll() is None:
+            self.popen.terminate()
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+
+
+class Stack:
+    """A gateway in front of one prefill and one decode worker, all on 127.0.0.1."""
+
+    def __init__(self, model: str | None = None, worker_args: list[str] | None = None,
+                 gateway_args: list[str] | None = None, echo: bool = False,
+                 prefill_args: list[str] | None = None, decode_args: list[str] | None = None) -> None:
+        self.model_args = ["--model", str(model)] if model else []
+        self.worker_args = worker_args or []
+        self.prefill_args = prefill_args or []
+        self.decode_args = decode_args or []
+        self.gateway_args = gateway_args or []
+        self.echo = echo
+        self.procs: dict[str, Proc] = {}
+
+    @property
+    def gateway(self) -> str:
+        return self.procs["gateway"].address
+
+    def spawn(self, name: str, module: str, args: list[str], port: int | None = None) -> Proc:
+        port = port or free_port()
+        cmd = [sys.executable, "-u", "-m", module, "--port", str(port), *self.model_args, *args]
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                 cwd=Path(__file__).resolve().parents[1])
+        proc = Proc(name, f"127.0.0.1:{port}", popen)
+        threading.Thread(target=proc.pump, args=(self.echo,), daemon=True).start()
+        self.procs[name] = proc
+        return proc
+
+    def start(self, timeout: float = 300.0, gateway_port: int | None = None) -> "Stack":
+        try:
+            # All three start at once: the gateway's channels connect lazily.
+            pre = self.spawn("prefill", "prefill_service", self.worker_args + self.prefill_args)
+            dec = self.spawn("decode", "decode_service", self.worker_args + self.decode_args)
+            gw = self.spawn("gateway", "gateway", ["--prefill", pre.address, "--decode", dec.address,
+                                                    *self.gateway_args], port=gateway_port)
+            self.wait([pre, dec, gw], timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait(self, procs: list[Proc], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for p in procs:
+            while not p.ready.wait(0.2):
+                if p.popen.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"{p.name} did not start:\n{''.join(p.lines[-40:])}")
+
+    def stop(self) -> None:
+        for p in reversed(list(self.procs.values())):
+            p.stop()
+
+    def __enter__(self) -> "Stack":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

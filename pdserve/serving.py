@@ -1,0 +1,102 @@
+"""Pieces every pdserve service shares: server setup, health, shutdown, wire conversions."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from pdserve.core.sampling import SamplingParams
+from pdserve.proto import worker_pb2
+
+MAX_MESSAGE_BYTES = 64 << 20
+GRPC_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.so_reuseport", 0),
+]
+
+log = logging.getLogger(__name__)
+
+
+def sampling_to_wire(p: SamplingParams) -> worker_pb2.WorkerSampling:
+    w = worker_pb2.WorkerSampling(
+        temperature=p.temperature,
+        top_p=p.top_p,
+        top_k=p.top_k,
+        max_tokens=p.max_tokens,
+        min_tokens=p.min_tokens,
+        stop_token_ids=list(p.stop_token_ids),
+        ignore_eos=p.ignore_eos,
+    )
+    if p.seed is not None:
+        w.seed = p.seed
+    return w
+
+
+def sampling_from_wire(w: worker_pb2.WorkerSampling) -> SamplingParams:
+    p = SamplingParams(
+        temperature=w.temperature,
+        top_p=w.top_p,
+        top_k=w.top_k,
+        seed=w.seed if w.HasField("seed") else None,
+        max_tokens=w.max_tokens,
+        min_tokens=w.min_tokens,
+        stop_token_ids=tuple(w.stop_token_ids),
+        ignore_eos=w.ignore_eos,
+    )
+    p.validate()
+    return p
+
+
+def new_server() -> grpc.aio.Server:
+    return grpc.aio.server(options=GRPC_OPTIONS)
+
+
+def add_health(server: grpc.aio.Server, services: list[str]) -> health.aio.HealthServicer:
+    servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    return servicer
+
+
+async def set_serving(servicer: health.aio.HealthServicer, services: list[str], ok: bool) -> None:
+    status = health_pb2.HealthCheckResponse.SERVING if ok else health_pb2.HealthCheckResponse.NOT_SERVING
+    for name in ["", *services]:
+        await servicer.set(name, status)
+
+
+async def serve(
+    server: grpc.aio.Server,
+    address: str,
+    health_servicer: health.aio.HealthServicer,
+    services: list[str],
+    on_stop: Callable[[], Awaitable[None]] | None = None,
+    drain_seconds: float = 5.0,
+) -> None:
+    """Bind, serve until SIGTERM/SIGINT, then report NOT_SERVING and drain."""
+    port = server.add_insecure_port(address)
+    if port == 0:
+        raise SystemExit(f"cannot bind {address}")
+    await server.start()
+    await set_serving(health_servicer, services, True)
+    log.info("listening on %s", address)
+    print(f"READY {address}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    waiter = asyncio.create_task(server.wait_for_termination())
+    stopper = asyncio.create_task(stop.wait())
+    await asyncio.wait([waiter, stopper], return_when=asyncio.FIRST_COMPLETED)
+    await set_serving(health_servicer, services, False)
+    await server.stop(drain_seconds)
+    if on_stop is not None:
+        await on_stop()
+
+
+def setup_logging(level: str = "INFO") -> None:
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

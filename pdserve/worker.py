@@ -1,0 +1,109 @@
+"""What the prefill, decode and colocated workers share: flags, and building runner + scheduler."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from pdserve.core.block_manager import BlockManager
+from pdserve.core.scheduler import Scheduler, SchedulerConfig
+from pdserve.model.prepare import resolve_model
+from pdserve.model.spec import ModelSpec
+from pdserve.runtime.kv_cache import num_blocks_for_bytes
+from pdserve.runtime.runner import ModelRunner
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="HF model folder (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--log-level", default="INFO")
+
+
+def add_worker_args(p: argparse.ArgumentParser) -> None:
+    add_model_args(p)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default="auto", choices=["auto", *_DTYPES])
+    p.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
+    p.add_argument("--kv-cache-memory", type=int, default=512 << 20, help="KV pool bytes (CPU)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+    p.add_argument("--num-blocks", type=int, default=None, help="override the pool size in blocks")
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--kv-transfer", default="tcp", choices=["tcp", "cuda_ipc", "nccl"])
+    p.add_argument("--seed", type=int, default=0)
+
+
+@dataclass
+class Built:
+    spec: ModelSpec
+    runner: ModelRunner
+    scheduler: Scheduler
+    model_name: str
+
+
+def build(args: argparse.Namespace) -> Built:
+    """Load the model, size the KV pool and make the scheduler over it."""
+    model_dir = resolve_model(args.model) if args.load_format != "dummy" or args.model else None
+    if model_dir is None:
+        raise SystemExit("--load-format dummy needs --model pointing at a folder with config.json")
+    spec = ModelSpec.from_dir(model_dir)
+    if args.max_model_len > spec.max_position_embeddings:
+        raise SystemExit(
+            f"--max-model-len {args.max_model_len} exceeds the model's {spec.max_position_embeddings}"
+        )
+    device = torch.device(args.device)
+    dtype = _pick_dtype(args.dtype, device)
+    num_blocks = args.num_blocks or _num_blocks(args, spec, dtype, device)
+    runner = ModelRunner(
+        spec, model_dir, device=device, dtype=dtype, num_blocks=num_blocks,
+        block_size=args.block_size, load_format=args.load_format, seed=args.seed,
+    )
+    cfg = SchedulerConfig(
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=max(args.max_num_batched_tokens, args.block_size),
+        max_model_len=args.max_model_len,
+        enable_prefix_caching=args.enable_prefix_caching,
+    )
+    sched = Scheduler(cfg, BlockManager(num_blocks, args.block_size))
+    name = args.served_model_name or model_dir.name
+    log.info("model %s: %d KV blocks of %d tokens on %s/%s", name, num_blocks, args.block_size, device, dtype)
+    return Built(spec, runner, sched, name)
+
+
+def _pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return _DTYPES[name]
+
+
+def _num_blocks(args: argparse.Namespace, spec: ModelSpec, dtype: torch.dtype, device: torch.device) -> int:
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        weights = _weight_bytes(spec, dtype)
+        budget = int(total * args.gpu_memory_utilization) - (total - free) - weights - (2 << 30)
+    else:
+        budget = args.kv_cache_memory
+    n = num_blocks_for_bytes(spec, args.block_size, dtype, budget)
+    if n <= 0:
+        raise SystemExit("no memory left for the KV cache: raise --kv-cache-memory / --gpu-memory-utilization")
+    return n
+
+
+def _weight_bytes(spec: ModelSpec, dtype: torch.dtype) -> int:
+    h, hd = spec.hidden_size, spec.head_dim
+    attn = h * hd * (2 * spec.num_heads + 2 * spec.num_kv_heads)
+    per_layer = attn + 3 * h * spec.intermediate_size
+    embed = spec.vocab_size * h * (1 if spec.tie_word_embeddings else 2)
+    return (spec.num_layers * per_layer + embed) * (torch.finfo(dtype).bits // 8)

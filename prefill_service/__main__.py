@@ -1,0 +1,55 @@
+"""`python -m prefill_service` / `pdserve prefill`: a prefill worker."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+
+def parser() -> argparse.ArgumentParser:
+    from pdserve.worker import add_worker_args
+
+    p = argparse.ArgumentParser(prog="pdserve prefill", description="pdserve prefill worker")
+    add_worker_args(p)
+    return p
+
+
+async def amain(args: argparse.Namespace) -> None:
+    from pdserve import serving
+    from pdserve.proto import worker_pb2_grpc
+    from pdserve.runtime.loop import EngineLoop
+    from pdserve.transfer import make_sender
+    from pdserve.worker import build
+    from prefill_service.engine import PrefillEngine
+    from prefill_service.server import PrefillServicer
+
+    built = build(args)
+    sender = make_sender(args.kv_transfer, built.runner.layout)
+    engine = PrefillEngine(sender, built.spec.eos_token_ids)
+    loop = EngineLoop(built.scheduler, built.runner, hook_for_step=engine.hook_for_step)
+    engine.attach(loop)
+    server = serving.new_server()
+    servicer = PrefillServicer(engine, built.runner.layout, built.spec.vocab_size, built.model_name)
+    worker_pb2_grpc.add_PrefillWorkerServicer_to_server(servicer, server)
+    names = ["pdserve.v1.PrefillWorker"]
+    health = serving.add_health(server, names)
+    loop.start()
+
+    async def stop() -> None:
+        loop.stop()
+        sender.close()
+
+    await serving.serve(server, f"{args.host}:{args.port}", health, names, on_stop=stop)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    from pdserve.serving import setup_logging
+
+    setup_logging(args.log_level)
+    asyncio.run(amain(args))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

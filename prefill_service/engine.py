@@ -1,0 +1,80 @@
+"""Prefill worker engine: batched prompts, KV pushed layer by layer, first token returned."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+from pdserve.core.request import Finish, Sequence
+from pdserve.core.sampling import SamplingParams
+from pdserve.core.step_io import StepInput
+from pdserve.runtime.loop import EngineLoop, LayerHook
+from pdserve.streams import EventStream
+from pdserve.transfer.base import KvSender, KvTargetSpec, SendHandle, TransferError, TransferStats
+
+
+class PrefillAborted(RuntimeError):
+    """The request was aborted (by a caller or a failed step) before its first token."""
+
+
+class PrefillEngine:
+    """Runs prompts through the shared engine loop and ships their KV to the decode side."""
+
+    def __init__(self, sender: KvSender, eos_ids: tuple[int, ...]) -> None:
+        self.sender = sender
+        self.eos_ids = eos_ids
+        self.loop: EngineLoop | None = None
+        self._handles: dict[str, SendHandle] = {}
+
+    def attach(self, loop: EngineLoop) -> None:
+        self.loop = loop
+
+    def hook_for_step(self, step: StepInput) -> LayerHook | None:
+        """Called on the engine thread before each forward: which blocks to push per layer."""
+        size = self.loop.scheduler.blocks.block_size
+        pushes = []
+        for sl in step.seqs:
+            handle = self._handles.get(sl.request_id)
+            if handle is None:
+                continue
+            first, last = sl.start_pos // size, (sl.end_pos - 1) // size
+            pushes.append((handle, sl.block_table[first : last + 1], first))
+        if not pushes:
+            return None
+
+        def hook(layer: int) -> None:
+            for handle, blocks, offset in pushes:
+                handle.push(layer, blocks, offset)
+
+        return hook
+
+    async def prefill(
+        self, request_id: str, prompt: list[int], params: SamplingParams, target: KvTargetSpec, timeout: float
+    ) -> tuple[int, TransferStats, int]:
+        """First token, transfer stats and prefix-cached tokens; the KV is visible remotely on return."""
+        handle = await asyncio.to_thread(self.sender.start, target, self.loop.runner.kv_pool)
+        self._handles[request_id] = handle
+        stream = EventStream()
+        seq = Sequence(request_id, list(prompt), dataclasses.replace(params, max_tokens=1), self.eos_ids)
+        done = False
+        try:
+            self.loop.submit(seq, stream.sink)
+            event = (await stream.next_batch())[0]
+            done = True
+            if event.finish is Finish.ABORT or event.token < 0:
+                raise PrefillAborted(f"request {request_id} was aborted during prefill")
+            stats = await asyncio.to_thread(handle.finish, timeout)
+            return event.token, stats, seq.num_cached
+        except (TransferError, PrefillAborted, asyncio.CancelledError):
+            handle.abort()
+            raise
+        finally:
+            self._handles.pop(request_id, None)
+            if not done:
+                self.loop.abort(request_id)
+
+    def abort(self, request_id: str) -> bool:
+        handle = self._handles.get(request_id)
+        if handle is not None:
+            handle.abort()
+        return self.loop.abort(request_id)
