@@ -22,7 +22,8 @@ def _write_kv_kernel(
     h = tl.arange(0, BLOCK_H)[:, None]
     d = tl.arange(0, BLOCK_D)[None, :]
     # Negative slots mark padded tokens (e.g. CUDA-graph padding): nothing is written.
-    m = (h < heads) & (d < head_dim) & (slot >= 0)
+    live_heads = tl.where(slot >= 0, heads, 0)
+    m = (h < live_heads) & (d < head_dim)
     dst = (slot // S) * stride_cn + (slot % S) * (heads * head_dim) + h * head_dim + d
     k = tl.load(k_ptr + tok * stride_kt + h * stride_kh + d, mask=m, other=0.0)
     v = tl.load(v_ptr + tok * stride_vt + h * stride_vh + d, mask=m, other=0.0)

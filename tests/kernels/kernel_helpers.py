@@ -1,0 +1,39 @@
+"""Helpers of the kernel tests: device, tolerances, random paged caches (never imports triton)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.bfloat16, id="bf16")]
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    """fp32: ~1e-4 relative; bf16/fp16: ~1e-2 (a couple of ulps of the rounded result)."""
+    assert actual.shape == expected.shape, f"{tuple(actual.shape)} != {tuple(expected.shape)}"
+    assert actual.dtype == expected.dtype, f"{actual.dtype} != {expected.dtype}"
+    if expected.dtype == torch.float32:
+        rtol, atol = 1e-4, 1e-4
+    else:
+        rtol, atol = 1.6e-2, 1e-2
+    torch.testing.assert_close(actual.float().cpu(), expected.float().cpu(), rtol=rtol, atol=atol)
+
+
+def make_pool(
+    layers: int, blocks: int, block_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """A random KV pool [L, 2, N, S, Hk, D]; per-layer caches are views pool[l, 0/1]."""
+    return torch.randn(layers, 2, blocks, block_size, kv_heads, head_dim, dtype=dtype, device=DEVICE)
+
+
+def make_block_tables(seq_lens: list[int], block_size: int, blocks: int, width: int) -> torch.Tensor:
+    """Random, disjoint, shuffled block ids per sequence: int32 [B, width] (unused = 0)."""
+    need = [(n + block_size - 1) // block_size for n in seq_lens]
+    assert sum(need) <= blocks and max(need) <= width
+    ids = torch.randperm(blocks)[: sum(need)].tolist()
+    table = torch.zeros(len(seq_lens), width, dtype=torch.int32)
+    for b, n in enumerate(need):
+        table[b, :n] = torch.tensor(ids[:n], dtype=torch.int32)
+        ids = ids[n:]
+    return table.to(DEVICE)

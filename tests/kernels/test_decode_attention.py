@@ -1,0 +1,60 @@
+"""Triton paged decode attention (GQA, split-K) against the reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from kernel_helpers import DEVICE, DTYPES, assert_close, make_block_tables, make_pool  # noqa: E402
+
+from kernels import reference  # noqa: E402
+from kernels.decode_attention import decode_with_partitions, paged_decode_attention  # noqa: E402
+
+SEQ_LENS = [1, 15, 16, 17, 100]
+BLOCK = 16
+
+
+def _case(dtype: torch.dtype, group: int, head_dim: int, kv_heads: int = 2):
+    """Queries, layer-1 cache views of a 2-layer pool, block tables, seq lens."""
+    pool = make_pool(2, 24, BLOCK, kv_heads, head_dim, dtype)
+    tables = make_block_tables(SEQ_LENS, BLOCK, 24, width=8)
+    lens = torch.tensor(SEQ_LENS, dtype=torch.int32, device=DEVICE)
+    wide = torch.randn(len(SEQ_LENS), kv_heads * group + 1, head_dim, dtype=dtype, device=DEVICE)
+    q = wide[:, 1:]  # strided view, as a slice of a fused qkv would be
+    return q, pool[1, 0], pool[1, 1], tables, lens
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("group", "head_dim"), [(1, 64), (4, 128), (3, 64)])
+def test_decode_matches_reference(dtype: torch.dtype, group: int, head_dim: int) -> None:
+    q, kc, vc, tables, lens = _case(dtype, group, head_dim)
+    scale = head_dim**-0.5
+    out = paged_decode_attention(q, kc, vc, tables, lens, scale)
+    assert_close(out, reference.paged_decode_attention(q, kc, vc, tables, lens, scale))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("partition", [16, 32, 256])
+def test_decode_split_k_partitions(dtype: torch.dtype, partition: int) -> None:
+    """16 and 32 cut the 100-token sequence into 7 and 4 partitions; 256 is a single one."""
+    q, kc, vc, tables, lens = _case(dtype, 4, 64)
+    out = decode_with_partitions(q, kc, vc, tables, lens, 0.125, partition)
+    assert_close(out, reference.paged_decode_attention(q, kc, vc, tables, lens, 0.125))
+
+
+def test_decode_rejects_int64_block_tables() -> None:
+    q, kc, vc, tables, lens = _case(torch.float32, 1, 64)
+    with pytest.raises(AssertionError, match="block_tables has dtype"):
+        paged_decode_attention(q, kc, vc, tables.long(), lens, 0.125)
+    with pytest.raises(AssertionError, match="multiple of KV heads"):
+        paged_decode_attention(q[:, :1], kc, vc, tables, lens, 0.125)
+
+
+def test_default_partition_splits_only_when_the_grid_is_small() -> None:
+    from kernels.decode_attention import default_partition_size
+
+    assert default_partition_size(1, 1, 8192, DEVICE) == 256  # one long sequence: max split
+    assert default_partition_size(1024, 8, 4096, DEVICE) == 4096  # big batch: no split
+    assert default_partition_size(4, 2, 64, DEVICE) == 256  # short context: one partition
