@@ -6,7 +6,8 @@ codes become TransferErrors.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 
 import grpc
 import torch
@@ -15,13 +16,13 @@ from pdserve.core.kv_layout import KvLayout
 from pdserve.proto import kv_pb2
 from pdserve.transfer.base import LayoutMismatch, TransferError
 
-_TORCH_DTYPES: dict[str, torch.dtype] = {
+_TORCH_DTYPES: Mapping[str, torch.dtype] = MappingProxyType({
     "float32": torch.float32,
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
     "fp8_e4m3": torch.float8_e4m3fn,
     "int8": torch.int8,
-}
+})
 
 _RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 

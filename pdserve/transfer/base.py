@@ -138,6 +138,8 @@ class SendHandle(ABC):
         is copied out before this returns (the caller may overwrite the blocks right away); the
         sending itself happens asynchronously, so layer l moves while layer l+1 computes.
         After a failure or abort this is a cheap no-op; finish() reports the error.
+        Raises ValueError (a caller bug) for a layer or block range outside the source pool
+        or the target's block list.
         """
 
     @abstractmethod
@@ -177,7 +179,7 @@ class KvReceiver(ABC):
     def forget(self, request_id: str) -> None:
         """Drop the request (abort, lease expiry, or decode took the blocks over). Once this
         returns, no write for it is in progress and later chunks are refused, never written.
-        Unknown ids are ignored."""
+        Unknown ids are ignored. May wait for one chunk's write (milliseconds) to finish."""
 
     @abstractmethod
     def received_bytes(self, request_id: str) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
@@ -98,6 +99,33 @@ def test_handshake_is_cached_per_address() -> None:
             handle.push(0, [1], 0)
             handle.finish(timeout=10)
         assert len(calls) == 1
+    finally:
+        sender.close()
+        server.stop()
+
+
+class _StallingReceiver(TcpKvReceiver):
+    """Reads every chunk but never answers: a wedged decode worker."""
+
+    async def Push(self, request_iterator, context):  # type: ignore[override]
+        async for _ in request_iterator:
+            pass
+        await asyncio.sleep(60)
+
+
+def test_unanswered_finish_times_out_retryable() -> None:
+    layout = make_layout()
+    server = AioServer(_StallingReceiver(poisoned_pool(layout, 8), layout))
+    sender = TcpKvSender(layout)
+    try:
+        handle = sender.start(_target(server.address, layout, [0]), random_pool(layout, 8))
+        handle.push(0, [1], 0)
+        t0 = time.monotonic()
+        with pytest.raises(TransferError) as info:
+            handle.finish(timeout=1.0)
+        assert 0.9 < time.monotonic() - t0 < 3
+        assert info.value.retryable and info.value.code == "DEADLINE_EXCEEDED"
+        assert handle.state == TransferState.FAILED
     finally:
         sender.close()
         server.stop()
