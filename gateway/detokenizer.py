@@ -1,0 +1,94 @@
+"""Incremental detokenization: token ids in, finished text deltas out.
+
+Decoding one token at a time is wrong twice over: a byte-level BPE token can hold part of a
+multi-byte UTF-8 character (it decodes to U+FFFD alone), and SentencePiece-style tokenizers
+drop or add a leading space depending on what comes before. So, like vLLM and TGI, we keep
+two offsets into the token list: text is decoded over a short window that starts at
+`prefix_offset` (tokens whose text was already emitted, giving context) and the delta is
+what decoding `tokens[prefix_offset:]` adds beyond decoding `tokens[prefix_offset:read_offset]`.
+Each step costs O(window), never O(sequence length).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from transformers import PreTrainedTokenizerBase
+
+# How many prompt tokens give the first generated token its context (vLLM uses 5 too).
+_PROMPT_CONTEXT_TOKENS = 5
+# A UTF-8 character is at most 4 bytes, and every token carries at least one byte, so a
+# window that still ends in U+FFFD after this many pending tokens holds invalid bytes that
+# no later token can repair: emit it as is rather than let the window grow without bound.
+_MAX_PENDING_TOKENS = 8
+_REPLACEMENT = "\ufffd"
+
+
+class IncrementalDetokenizer:
+    """Turns a stream of generated token ids into text deltas for one sequence.
+
+    `prompt_ids` only provide context for the first generated tokens (their text is never
+    returned). Concatenating every `add()` result and the final `flush()` gives the same text
+    as decoding all generated tokens at once, except that text is never returned while it
+    ends in an incomplete UTF-8 character.
+    """
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        prompt_ids: Iterable[int] = (),
+        *,
+        skip_special_tokens: bool = True,
+    ) -> None:
+        self._tok = tokenizer
+        self._skip_special = skip_special_tokens
+        # Only the tail of the prompt is ever decoded again, so keep only the tail.
+        self._ids: list[int] = list(prompt_ids)[-_PROMPT_CONTEXT_TOKENS:]
+        self._prefix_offset = 0
+        self._read_offset = len(self._ids)
+
+    @property
+    def pending_tokens(self) -> int:
+        """Tokens received but not yet turned into text (waiting for a complete character)."""
+        return len(self._ids) - self._read_offset
+
+    def add(self, token_ids: Iterable[int]) -> str:
+        """Feed newly generated token ids; return the text they finish (possibly "")."""
+        out: list[str] = []
+        for token_id in token_ids:
+            self._ids.append(int(token_id))
+            out.append(self._step(force=False))
+        return "".join(out)
+
+    def flush(self) -> str:
+        """At the end of the sequence: return whatever is still held back, even if incomplete."""
+        if self._read_offset == len(self._ids):
+            return ""
+        return self._step(force=True)
+
+    def _decode(self, ids: list[int]) -> str:
+        # Cleanup of tokenization spaces rewrites text around punctuation after the fact,
+        # which would change text already sent; it must stay off for streaming.
+        return self._tok.decode(
+            ids, skip_special_tokens=self._skip_special, clean_up_tokenization_spaces=False
+        )
+
+    def _step(self, *, force: bool) -> str:
+        prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
+        new_text = self._decode(self._ids[self._prefix_offset :])
+        pending = len(self._ids) - self._read_offset
+        if new_text.endswith(_REPLACEMENT) and not force and pending < _MAX_PENDING_TOKENS:
+            return ""  # the last character is not complete yet
+        delta = new_text[len(prefix_text) :] if len(new_text) > len(prefix_text) else ""
+        self._prefix_offset = self._read_offset
+        self._read_offset = len(self._ids)
+        self._compact()
+        return delta
+
+    def _compact(self) -> None:
+        # Tokens before prefix_offset are never decoded again; drop them so memory stays O(window).
+        if self._prefix_offset > 64:
+            drop = self._prefix_offset
+            del self._ids[:drop]
+            self._prefix_offset -= drop
+            self._read_offset -= drop

@@ -1,0 +1,252 @@
+"""Gateway text pieces: prompt encoding, incremental detokenization, stop strings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from gateway.detokenizer import IncrementalDetokenizer
+from gateway.stops import StopChecker
+from gateway.tokenizer import encode_prompt, load_tokenizer
+from pdserve.core.sampling import ValidationError
+
+SAMPLES = [
+    "Héllo wörld, naïve café: ça déjà vu. Ελληνικά, русский.",
+    "中文文本测试，日本語のテキスト、한국어 텍스트。",
+    "Party 🎉🎊 family 👨‍👩‍👧‍👦 flags 🇫🇷🇯🇵 skin 👍🏽 done.",
+    "mixed: a😀b中c\u00e9d  two  spaces\n\ttab\nend 𝔘𝔫𝔦𝔠𝔬𝔡𝔢",
+    "def f(x):\n    return x ** 2  # 平方\n",
+]
+
+
+@pytest.fixture(scope="module")
+def tok(default_model_dir: Path) -> Any:
+    return load_tokenizer(default_model_dir)
+
+
+@pytest.fixture(scope="module")
+def chat_prompt(tok: Any) -> list[int]:
+    return encode_prompt(tok, messages=[("user", "Say something.")])
+
+
+def _stream(detok: IncrementalDetokenizer, ids: list[int], chunk: int = 1) -> list[str]:
+    deltas = [detok.add(ids[i : i + chunk]) for i in range(0, len(ids), chunk)]
+    deltas.append(detok.flush())
+    return deltas
+
+
+# ---------------------------------------------------------------- detokenizer
+
+
+@pytest.mark.parametrize("text", SAMPLES)
+@pytest.mark.parametrize("chunk", [1, 3])
+def test_deltas_concatenate_to_full_decode(tok: Any, chat_prompt: list[int], text: str, chunk: int) -> None:
+    ids = tok.encode(text, add_special_tokens=False)
+    deltas = _stream(IncrementalDetokenizer(tok, chat_prompt), ids, chunk)
+    assert "".join(deltas) == tok.decode(ids) == text
+    assert not any("\ufffd" in d for d in deltas)
+
+
+def test_samples_really_split_characters(tok: Any) -> None:
+    # Guards the test above: without tokens that hold partial characters it proves nothing.
+    ids = tok.encode(SAMPLES[2], add_special_tokens=False)
+    assert any(tok.decode([i]) == "\ufffd" for i in ids)
+
+
+def test_multibyte_character_emitted_once_complete(tok: Any) -> None:
+    ids = tok.encode("🎉", add_special_tokens=False)
+    assert len(ids) > 1
+    detok = IncrementalDetokenizer(tok, tok.encode("Hi ", add_special_tokens=False))
+    deltas = [detok.add([i]) for i in ids]
+    assert deltas[:-1] == [""] * (len(ids) - 1)
+    assert deltas[-1] == "🎉"
+    assert detok.pending_tokens == 0
+
+
+def test_empty_prompt(tok: Any) -> None:
+    ids = tok.encode(SAMPLES[0], add_special_tokens=False)
+    assert "".join(_stream(IncrementalDetokenizer(tok, []), ids)) == SAMPLES[0]
+
+
+def test_special_tokens_skipped_by_default(tok: Any) -> None:
+    ids = tok.encode("Paris.", add_special_tokens=False) + [tok.eos_token_id]
+    assert "".join(_stream(IncrementalDetokenizer(tok, [1]), ids)) == "Paris."
+    kept = "".join(_stream(IncrementalDetokenizer(tok, [1], skip_special_tokens=False), ids))
+    assert kept == "Paris." + tok.eos_token
+
+
+def test_cost_per_token_is_bounded(tok: Any, chat_prompt: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    ids = tok.encode(" ".join(SAMPLES) * 6, add_special_tokens=False)
+    assert len(ids) > 500
+    sizes: list[int] = []
+    real = tok.decode
+
+    def spy(token_ids: Any, **kw: Any) -> str:
+        sizes.append(len(token_ids))
+        return real(token_ids, **kw)
+
+    monkeypatch.setattr(tok, "decode", spy)
+    detok = IncrementalDetokenizer(tok, chat_prompt * 20)
+    out = "".join(_stream(detok, ids))
+    monkeypatch.undo()
+    assert out == tok.decode(ids)
+    assert max(sizes) <= 16, max(sizes)
+    assert len(detok._ids) < 100  # memory stays O(window) too
+
+
+def test_invalid_bytes_do_not_stall_forever(tok: Any) -> None:
+    lead_byte = tok.encode("🎉", add_special_tokens=False)[0]  # a lone UTF-8 lead byte
+    detok = IncrementalDetokenizer(tok, [])
+    out = [detok.add([lead_byte]) for _ in range(40)]
+    assert detok.pending_tokens < 8
+    assert "\ufffd" in "".join(out)  # the full text has U+FFFD too: it is sent, not hidden
+
+
+def test_leading_space_tokenizer() -> None:
+    # SentencePiece-style: decoding drops the space of the first token ("▁world" -> "world"),
+    # so decoding token by token would glue words together.
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "▁Hello": 1, "▁world": 2, ",": 3, "▁how": 4, "▁are": 5, "▁you": 6, "?": 7}
+    raw = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    raw.pre_tokenizer = pre_tokenizers.Metaspace()
+    raw.decoder = decoders.Metaspace()
+    sp = PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="<unk>")
+    ids = [1, 2, 3, 4, 5, 6, 7]
+    assert sp.decode([2]) == "world"  # the trap
+    deltas = _stream(IncrementalDetokenizer(sp, [1]), ids[1:])
+    assert "".join(deltas) == " world, how are you?"
+    assert deltas[0] == " world"
+
+
+# ---------------------------------------------------------------- stop strings
+
+
+def _feed_all(checker: StopChecker, deltas: list[str]) -> tuple[str, str | None]:
+    out, matched = [], None
+    for d in deltas:
+        text, stop = checker.feed(d)
+        out.append(text)
+        matched = matched or stop
+    out.append(checker.flush())
+    return "".join(out), matched
+
+
+def test_stop_split_across_deltas() -> None:
+    checker = StopChecker(("\nUser:",))
+    assert checker.feed("Hello\nUs") == ("Hello", None)
+    assert checker.feed("er") == ("", None)
+    assert checker.feed(": more") == ("", "\nUser:")
+    assert checker.matched == "\nUser:"
+    assert checker.feed("later") == ("", None)
+    assert checker.flush() == ""
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 100])
+def test_earliest_stop_wins_regardless_of_chunking(chunk: int) -> None:
+    text = "one two three four"
+    deltas = [text[i : i + chunk] for i in range(0, len(text), chunk)]
+    assert _feed_all(StopChecker(("four", "two", "three")), deltas) == ("one ", "two")
+    # "o t" completes before "two three" does, though it starts later
+    assert _feed_all(StopChecker(("two three", "o t")), deltas) == ("one tw", "o t")
+    # among stops completing at the same character, the earliest start wins
+    assert _feed_all(StopChecker(("ee", "three")), deltas) == ("one two ", "three")
+    assert _feed_all(StopChecker(("wo", "two")), deltas) == ("one ", "two")
+
+
+def test_partial_match_that_is_not_a_stop_is_emitted() -> None:
+    checker = StopChecker(("STOP",))
+    assert checker.feed("go ST") == ("go ", None)
+    assert checker.feed("O") == ("", None)
+    assert checker.feed("P") == ("", "STOP")
+    checker = StopChecker(("STOP",))
+    assert checker.feed("go STO") == ("go ", None)
+    assert checker.feed("RM") == ("STORM", None)
+
+
+def test_overlapping_prefix_holds_only_what_is_needed() -> None:
+    checker = StopChecker(("aab",))
+    assert checker.feed("xaa") == ("x", None)
+    assert checker.feed("a") == ("a", None)  # "aaa": only the last "aa" can still start "aab"
+    assert checker.feed("b!") == ("", "aab")
+
+
+def test_flush_returns_held_text() -> None:
+    checker = StopChecker(("</s>", "###"))
+    assert checker.feed("end <") == ("end ", None)
+    assert checker.feed("/") == ("", None)
+    assert checker.flush() == "</"
+
+
+def test_no_stops_passes_through() -> None:
+    checker = StopChecker(())
+    assert checker.feed("abc") == ("abc", None)
+    assert checker.flush() == ""
+    with pytest.raises(ValueError):
+        StopChecker(("",))
+
+
+# ---------------------------------------------------------------- prompt encoding
+
+
+def test_encode_text(tok: Any) -> None:
+    assert encode_prompt(tok, text="Hello world") == tok("Hello world")["input_ids"]
+
+
+def test_encode_messages_forms(tok: Any) -> None:
+    expected = tok.apply_chat_template(
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+        add_generation_prompt=True, tokenize=False,
+    )
+    assert expected.endswith("<|im_start|>assistant\n")
+    want = tok(expected, add_special_tokens=False)["input_ids"]
+    assert encode_prompt(tok, messages=[("system", "Be brief."), ("user", "Hi")]) == want
+    as_dicts = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    assert encode_prompt(tok, messages=as_dicts) == want
+    as_objs = [SimpleNamespace(role="system", content="Be brief."), SimpleNamespace(role="user", content="Hi")]
+    assert encode_prompt(tok, messages=as_objs) == want
+    assert tok.decode(want).count("<|im_start|>") == 3  # no doubled special tokens
+
+
+def test_encode_token_ids(tok: Any) -> None:
+    assert encode_prompt(tok, token_ids=(5, 6, 7)) == [5, 6, 7]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({}, "prompt"),
+        ({"text": "a", "token_ids": [1]}, "prompt"),
+        ({"text": ""}, "prompt"),
+        ({"messages": []}, "prompt"),
+        ({"token_ids": []}, "prompt"),
+        ({"token_ids": [1, "2"]}, "prompt_token_ids"),
+        ({"token_ids": [1, True]}, "prompt_token_ids"),
+        ({"messages": [("user", "hi"), ("robot", "beep")]}, "messages[1].role"),
+        ({"messages": [("user", None)]}, "messages[0].content"),
+        ({"messages": [("user",)]}, "messages[0]"),
+        ({"messages": "hello"}, "messages"),
+    ],
+)
+def test_encode_errors(tok: Any, kwargs: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        encode_prompt(tok, **kwargs)
+    assert info.value.field == field
+
+
+def test_messages_without_chat_template(default_model_dir: Path) -> None:
+    bare = load_tokenizer(default_model_dir)
+    bare.chat_template = None
+    with pytest.raises(ValidationError) as info:
+        encode_prompt(bare, messages=[("user", "hi")])
+    assert info.value.field == "messages"
+    assert encode_prompt(bare, text="hi")
+
+
+def test_load_tokenizer_is_local_only(tmp_path: Path) -> None:
+    with pytest.raises((OSError, ValueError)):
+        load_tokenizer(tmp_path / "HuggingFaceTB" / "nothing-here")
