@@ -108,8 +108,9 @@ class GatewayService:
                     generated += len(ids)
                     text_ids = ids[:-1] if why == "stop" else ids  # no text for EOS / stop tokens
                     text, matched = stops.feed(detok.add(text_ids))
-                    if matched is None and why is not None:
-                        text += stops.feed(detok.flush())[0] + stops.flush()
+                    if matched is None and why is not None:  # the end: release held-back text
+                        tail, matched = stops.feed(detok.flush())
+                        text += tail if matched else tail + stops.flush()
                     yield gateway_pb2.GenerateResponse(chunk=gateway_pb2.Chunk(token_ids=ids, text=text))
                     if matched is not None:
                         finish = "stop"

@@ -1,0 +1,107 @@
+"""Three real processes (gateway, prefill, decode; KV over tcp) against the single-process engine."""
+
+from __future__ import annotations
+
+import random
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from pdserve.core.sampling import SamplingParams
+from pdserve.proto import gateway_pb2
+from pdserve.runtime.offline import generate
+
+pytestmark = pytest.mark.slow
+
+
+def offline(runner, prompt: list[int], max_tokens: int) -> list[int]:
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    return generate(runner, [prompt], params, runner.spec.eos_token_ids)[0]
+
+
+def test_capital_of_france(client):
+    text, ids, done = client.generate(messages=[("user", "What is the capital of France?")],
+                                      max_tokens=48, temperature=0.0)
+    assert "Paris" in text
+    assert done.finish_reason == gateway_pb2.FINISH_REASON_STOP
+    assert done.usage.completion_tokens == len(ids) and done.usage.prompt_tokens > 10
+
+
+@pytest.mark.parametrize("prompt", ["The quick brown fox", "def fibonacci(n):", "Once upon a time, in a land"])
+def test_greedy_equals_single_process_engine(client, offline_runner, prompt):
+    tok_ids = client.generate(text=prompt, max_tokens=1, temperature=0.0)[1]
+    assert len(tok_ids) == 1
+    from gateway.tokenizer import load_tokenizer
+
+    text, ids, done = client.generate(text=prompt, max_tokens=40, temperature=0.0, ignore_eos=True)
+    assert done.usage.completion_tokens == 40
+    prompt_ids = load_tokenizer(offline_runner_dir(offline_runner))(prompt)["input_ids"]
+    assert ids == offline(offline_runner, prompt_ids, 40)
+
+
+def offline_runner_dir(runner):
+    from pdserve.model.prepare import ensure_default_model
+
+    return ensure_default_model(progress=False)
+
+
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 300])
+def test_paged_kv_edges(client, offline_runner, n):
+    rng = random.Random(n)
+    prompt = [rng.randrange(100, 40000) for _ in range(n)]
+    _, ids, done = client.generate(token_ids=prompt, max_tokens=20, temperature=0.0, ignore_eos=True)
+    assert done.usage.prompt_tokens == n
+    assert ids == offline(offline_runner, prompt, 20)
+
+
+def test_max_tokens_and_length_finish(client):
+    _, ids, done = client.generate(text="Count: one, two,", max_tokens=5, temperature=0.0, ignore_eos=True)
+    assert len(ids) == 5 and done.finish_reason == gateway_pb2.FINISH_REASON_LENGTH
+
+
+def test_max_tokens_one_finishes_at_prefill(client):
+    _, ids, done = client.generate(text="Hello", max_tokens=1, temperature=0.0)
+    assert len(ids) == 1 and done.finish_reason == gateway_pb2.FINISH_REASON_LENGTH
+
+
+def test_stop_string_cuts_text(client):
+    full, _, _ = client.generate(text="List: 1, 2, 3, 4, 5, 6, 7,", max_tokens=30, temperature=0.0, ignore_eos=True)
+    stop = full.strip()[4:7]
+    assert stop
+    text, _, done = client.generate(text="List: 1, 2, 3, 4, 5, 6, 7,", max_tokens=30, temperature=0.0,
+                                    ignore_eos=True, stop=[stop])
+    assert stop not in text and full.startswith(text)
+    assert done.finish_reason == gateway_pb2.FINISH_REASON_STOP and done.stop_string == stop
+
+
+def test_seeded_sampling_is_reproducible(client):
+    kw = dict(text="Write a word:", max_tokens=24, temperature=1.0, top_p=0.95, ignore_eos=True)
+    a = client.generate(seed=1234, **kw)[1]
+    b = client.generate(seed=1234, **kw)[1]
+    c = client.generate(seed=99, **kw)[1]
+    assert a == b and a != c
+
+
+def test_health_and_reflection(stack):
+    for proc in stack.procs.values():
+        with grpc.insecure_channel(proc.address) as ch:
+            resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+            assert resp.status == health_pb2.HealthCheckResponse.SERVING
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    with grpc.insecure_channel(stack.gateway) as ch:
+        stub = reflection_pb2_grpc.ServerReflectionStub(ch)
+        req = reflection_pb2.ServerReflectionRequest(list_services="")
+        names = [s.name for r in stub.ServerReflectionInfo(iter([req])) for s in r.list_services_response.service]
+    assert "pdserve.v1.Gateway" in names
+
+
+def test_client_cancel_frees_blocks(stack, client):
+    call = client.stream(__import__("pdserve.client", fromlist=["build_request"]).build_request(
+        text="Tell me a long story", max_tokens=400, temperature=0.0, ignore_eos=True))
+    for i, _ in enumerate(call):
+        if i == 3:
+            call.cancel()
+            break
+    # the client fixture's leak check runs at teardown
