@@ -25,8 +25,8 @@ from kernels._common import dot_precision, interpreting, next_pow2
 @triton.jit
 def _find_sequence(qsl_ptr, pid, num_seqs, BLOCK_Q: tl.constexpr):
     """Largest b with query_start_loc[b] // BLOCK_Q + b <= pid (binary search)."""
-    lo = tl.zeros((), tl.int32)
-    hi = tl.zeros((), tl.int32) + num_seqs - 1
+    lo = pid * 0  # an int32 tensor (num_seqs may be specialized to a constant 1)
+    hi = lo + num_seqs - 1
     while lo < hi:
         mid = (lo + hi + 1) // 2
         first_tile = tl.load(qsl_ptr + mid) // BLOCK_Q + mid

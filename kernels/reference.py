@@ -135,8 +135,8 @@ def paged_prefill_attention(
         v = v.repeat_interleave(hq // hk, dim=1)
         qb = q[lo:hi].float()
         scores = torch.einsum("qhd,khd->hqk", qb, k) * scale
-        qpos = torch.arange(total - (hi - lo), total)[:, None]
-        mask = torch.arange(total)[None, :] > qpos
+        qpos = torch.arange(total - (hi - lo), total, device=q.device)[:, None]
+        mask = torch.arange(total, device=q.device)[None, :] > qpos
         scores.masked_fill_(mask[None], float("-inf"))
         probs = scores.softmax(-1)
         out[lo:hi] = torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)

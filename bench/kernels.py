@@ -1,0 +1,151 @@
+"""Kernel micro-benchmarks (CUDA only; never imported by tests).
+
+paged_decode_attention at 64 seqs x 4k context (GB/s of KV read, vs a measured device copy)
+for the default split-K heuristic and fixed partition sizes, and paged_prefill_attention at
+2k tokens (TFLOP/s, causal FLOPs), with torch SDPA on contiguous tensors as a yardstick.
+Times are triton.testing.do_bench medians. Usage: python bench/kernels.py --out FILE.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import triton
+from triton.testing import do_bench
+
+from kernels.decode_attention import decode_with_partitions, paged_decode_attention
+from kernels.prefill_attention import paged_prefill_attention
+
+HQ, HK, D, S = 32, 8, 128, 16
+DTYPE = torch.bfloat16
+
+
+def _ms(fn: Callable[[], object]) -> float:
+    """Median milliseconds of fn."""
+    return float(do_bench(fn, warmup=25, rep=200, return_mode="median"))
+
+
+def copy_bandwidth_gbs(nbytes: int = 1 << 30) -> float:
+    """Device-to-device copy bandwidth, counting bytes read plus bytes written."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    return 2 * nbytes / (_ms(lambda: dst.copy_(src)) * 1e-3) / 1e9
+
+
+def _paged(seq_lens: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A one-layer pool with shuffled blocks: (k_cache, v_cache, block_tables)."""
+    need = [triton.cdiv(n, S) for n in seq_lens]
+    pool = torch.randn(1, 2, sum(need), S, HK, D, dtype=DTYPE, device="cuda")
+    ids = torch.randperm(sum(need), device="cuda").int()
+    tables = torch.zeros(len(seq_lens), max(need), dtype=torch.int32, device="cuda")
+    at = 0
+    for b, n in enumerate(need):
+        tables[b, :n] = ids[at : at + n]
+        at += n
+    return pool[0, 0], pool[0, 1], tables
+
+
+def bench_decode(seqs: int, context: int, copy_gbs: float) -> list[dict]:
+    """Decode rows: default heuristic plus fixed partition sizes."""
+    kc, vc, tables = _paged([context] * seqs)
+    lens = torch.full((seqs,), context, dtype=torch.int32, device="cuda")
+    q = torch.randn(seqs, HQ, D, dtype=DTYPE, device="cuda")
+    kv_bytes = seqs * context * HK * D * 2 * kc.element_size()
+    variants: list[tuple[str, Callable[[], object]]] = [
+        ("auto", lambda: paged_decode_attention(q, kc, vc, tables, lens, D**-0.5))
+    ]
+    for part in (context, 2048, 1024, 512, 256):
+        variants.append((f"part={part}", lambda p=part: decode_with_partitions(
+            q, kc, vc, tables, lens, D**-0.5, p)))
+    rows = []
+    for name, fn in variants:
+        ms = _ms(fn)
+        gbs = kv_bytes / (ms * 1e-3) / 1e9
+        rows.append({"op": "decode", "variant": name, "seqs": seqs, "context": context,
+                     "ms": ms, "gb_s": gbs, "frac_of_copy": gbs / copy_gbs})
+    return rows
+
+
+def _causal_flops(new: int, prefix: int) -> float:
+    """QK^T and PV FLOPs of causal attention of `new` queries after `prefix` cached tokens."""
+    keys = new * prefix + new * (new + 1) / 2
+    return 4.0 * HQ * D * keys
+
+
+def bench_prefill(tokens: int, prefix: int) -> list[dict]:
+    """One sequence of `tokens` new tokens after `prefix` cached ones, plus SDPA yardstick."""
+    total = prefix + tokens
+    kc, vc, tables = _paged([total])
+    lens = torch.tensor([total], dtype=torch.int32, device="cuda")
+    qsl = torch.tensor([0, tokens], dtype=torch.int32, device="cuda")
+    q = torch.randn(tokens, HQ, D, dtype=DTYPE, device="cuda")
+    flops = _causal_flops(tokens, prefix)
+    ms = _ms(lambda: paged_prefill_attention(q, kc, vc, tables, lens, qsl, D**-0.5))
+    rows = [{"op": "prefill", "variant": "triton paged", "tokens": tokens, "prefix": prefix,
+             "ms": ms, "tflop_s": flops / (ms * 1e-3) / 1e12}]
+    if prefix == 0:
+        qt = q.transpose(0, 1)[None]
+        kt = torch.randn(1, HK, tokens, D, dtype=DTYPE, device="cuda")
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        try:
+            ms = _ms(lambda: sdpa(qt, kt, kt, is_causal=True, enable_gqa=True))
+            rows.append({"op": "prefill", "variant": "torch sdpa (contiguous)", "tokens": tokens,
+                         "prefix": 0, "ms": ms, "tflop_s": flops / (ms * 1e-3) / 1e12})
+        except (RuntimeError, TypeError) as e:
+            print(f"sdpa yardstick skipped: {e}")
+    return rows
+
+
+def _meta() -> dict:
+    """GPU, versions, date and commit for the results file."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                check=False).stdout.strip()
+    except OSError:
+        commit = ""
+    return {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "triton": triton.__version__, "commit": commit,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "shape": {"q_heads": HQ, "kv_heads": HK, "head_dim": D, "block_size": S,
+                      "dtype": str(DTYPE)}}
+
+
+def _print_table(rows: list[dict]) -> None:
+    """One line per measurement."""
+    print(f"{'op':8} {'variant':26} {'ms':>9} {'GB/s':>8} {'of copy':>8} {'TFLOP/s':>8}")
+    for r in rows:
+        gbs = f"{r['gb_s']:8.0f}" if "gb_s" in r else " " * 8
+        frac = f"{r['frac_of_copy']:8.2f}" if "frac_of_copy" in r else " " * 8
+        tf = f"{r['tflop_s']:8.1f}" if "tflop_s" in r else " " * 8
+        print(f"{r['op']:8} {r['variant']:26} {r['ms']:9.4f} {gbs} {frac} {tf}")
+
+
+def main() -> None:
+    """Run the benchmarks, print a table, write JSON."""
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--out", type=Path, required=True, help="JSON results file")
+    ap.add_argument("--seqs", type=int, default=64)
+    ap.add_argument("--context", type=int, default=4096)
+    ap.add_argument("--prefill-tokens", type=int, default=2048)
+    args = ap.parse_args()
+    assert torch.cuda.is_available(), "bench/kernels.py needs a CUDA GPU"
+    torch.manual_seed(0)
+    copy_gbs = copy_bandwidth_gbs()
+    print(f"device copy bandwidth: {copy_gbs:.0f} GB/s (read + write)")
+    rows = bench_decode(args.seqs, args.context, copy_gbs)
+    rows += bench_prefill(args.prefill_tokens, 0)
+    rows += bench_prefill(args.prefill_tokens, args.prefill_tokens)
+    _print_table(rows)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({**_meta(), "copy_gb_s": copy_gbs, "rows": rows}, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

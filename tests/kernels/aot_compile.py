@@ -1,0 +1,79 @@
+"""Compile every Triton kernel for an sm_90 target ahead of time, without a GPU.
+
+The interpreter skips Triton's real code generator, so type errors of loop-carried values,
+constexpr specialization or layout problems only show on a GPU. Triton compiles to PTX with
+its bundled ptxas and no driver, so this script (run with TRITON_INTERPRET unset, as a
+subprocess of test_compile_sm90.py) catches them on CPU machines. Prints one line per kernel.
+"""
+
+from __future__ import annotations
+
+import os
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+assert os.environ.get("TRITON_INTERPRET", "0") != "1", "run with TRITON_INTERPRET unset"
+
+from kernels.decode_attention import _decode_kernel, _merge_kernel  # noqa: E402
+from kernels.prefill_attention import _prefill_kernel  # noqa: E402
+from kernels.rms_norm import _rms_norm_kernel  # noqa: E402
+from kernels.rotary import _rotary_kernel  # noqa: E402
+from kernels.silu_and_mul import _silu_and_mul_kernel  # noqa: E402
+from kernels.write_kv import _write_kv_kernel  # noqa: E402
+
+TARGET = GPUTarget("cuda", 90, 32)
+FLOATS = ("eps", "scale_log2")
+
+
+def compile_kernel(fn: triton.JITFunction, ptrs: dict[str, str], consts: dict, **opts: int) -> None:
+    """Compile fn to PTX; unnamed arguments are i32 scalars (fp32 for FLOATS)."""
+    sig = {}
+    for name in fn.arg_names:
+        if name in consts:
+            sig[name] = "constexpr"
+        else:
+            sig[name] = ptrs.get(name, "fp32" if name in FLOATS else "i32")
+    kernel = triton.compile(ASTSource(fn, sig, consts), target=TARGET, options=opts)
+    assert kernel.asm["ptx"], fn.__name__
+    print(f"ok {fn.__name__} {consts}")
+
+
+def attention(dt: str) -> None:
+    """Decode (split and not, G = 1, 4, 7) and prefill (incl. num_seqs specialized to 1)."""
+    cache = {"q_ptr": f"*{dt}", "kc_ptr": f"*{dt}", "vc_ptr": f"*{dt}", "bt_ptr": "*i32",
+             "lens_ptr": "*i32"}
+    for group, split in ((4, True), (7, False), (1, True)):
+        ptrs = {**cache, "out_ptr": "*fp32" if split else f"*{dt}", "lse_ptr": "*fp32"}
+        compile_kernel(_decode_kernel, ptrs, {
+            "G": group, "G_PAD": 16, "HK": 8, "S": 16, "D_PAD": 128, "BLOCK_N": 64,
+            "PART": 1024, "SPLIT": split, "PRECISION": "tf32", "DOT_F32": False,
+        }, num_warps=4, num_stages=2)
+    compile_kernel(_merge_kernel, {"part_ptr": "*fp32", "lse_ptr": "*fp32", "out_ptr": f"*{dt}"},
+                   {"P_PAD": 4, "D_PAD": 128})
+    for group, bm, bn, warps in ((4, 128, 64, 8), (7, 128, 64, 8), (1, 64, 32, 4)):
+        consts = {"G": group, "HK": 8, "S": 16, "D_PAD": 128, "BLOCK_Q": bm // group,
+                  "BLOCK_M": bm, "BLOCK_N": bn, "PRECISION": "tf32", "DOT_F32": False}
+        if group == 1:
+            consts["num_seqs"] = 1  # Triton specializes integer arguments equal to 1
+        ptrs = {**cache, "qsl_ptr": "*i32", "out_ptr": f"*{dt}"}
+        compile_kernel(_prefill_kernel, ptrs, consts, num_warps=warps, num_stages=2)
+
+
+def elementwise(dt: str) -> None:
+    """rms_norm, silu_and_mul, rotary (with a pass-through tail), write_kv."""
+    ptrs = {p: f"*{dt}" for p in ("x_ptr", "res_ptr", "w_ptr", "out_ptr", "sum_ptr")}
+    compile_kernel(_rms_norm_kernel, ptrs, {"HAS_RES": True, "BLOCK": 4096}, num_warps=16)
+    compile_kernel(_silu_and_mul_kernel, {"x_ptr": f"*{dt}", "out_ptr": f"*{dt}"}, {"BLOCK": 1024})
+    ptrs = {"x_ptr": f"*{dt}", "out_ptr": f"*{dt}", "pos_ptr": "*i64", "cs_ptr": "*fp32"}
+    compile_kernel(_rotary_kernel, ptrs,
+                   {"HALF": 32, "BLOCK_H": 32, "BLOCK_HALF": 32, "BLOCK_PASS": 64})
+    ptrs = {"k_ptr": f"*{dt}", "v_ptr": f"*{dt}", "kc_ptr": f"*{dt}", "vc_ptr": f"*{dt}",
+            "slot_ptr": "*i64"}
+    compile_kernel(_write_kv_kernel, ptrs, {"S": 16, "BLOCK_H": 8, "BLOCK_D": 128})
+
+
+if __name__ == "__main__":
+    elementwise("bf16")
+    attention("bf16")
