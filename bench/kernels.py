@@ -90,7 +90,7 @@ def bench_prefill(tokens: int, prefix: int) -> list[dict]:
     rows = [{"op": "prefill", "variant": "triton paged", "tokens": tokens, "prefix": prefix,
              "ms": ms, "tflop_s": flops / (ms * 1e-3) / 1e12}]
     if prefix == 0:
-        qt = q.transpose(0, 1)[None]
+        qt = q.transpose(0, 1)[None].contiguous()
         kt = torch.randn(1, HK, tokens, D, dtype=DTYPE, device="cuda")
         sdpa = torch.nn.functional.scaled_dot_product_attention
         try:

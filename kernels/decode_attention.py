@@ -92,7 +92,10 @@ def _merge_kernel(
 
 def default_partition_size(batch: int, kv_heads: int, max_context: int, device: torch.device) -> int:
     """Largest power-of-two partition (>= 256 tokens) that still gives ~8 programs per SM."""
-    target = _PROGRAMS_PER_SM * num_sms(device.index or 0)
+    index = device.index
+    if index is None:
+        index = torch.cuda.current_device() if device.type == "cuda" else 0
+    target = _PROGRAMS_PER_SM * num_sms(index)
     part = max(_MIN_PARTITION, next_pow2(max_context))
     while part > _MIN_PARTITION and batch * kv_heads * triton.cdiv(max_context, part) < target:
         part //= 2
