@@ -48,15 +48,15 @@ def build_tiny(kind: str, out: Path, seed: int = 0) -> Path:
     return out
 
 
-def hf_greedy(model_dir: Path, prompt: list[int], new_tokens: int) -> list[int]:
-    """transformers' greedy continuation of one prompt, ignoring EOS."""
+def hf_model(model_dir: Path) -> Any:
+    """The transformers model of a folder, float32 with eager attention (the oracle)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager", dtype=torch.float32)
-    return hf_greedy_model(model, prompt, new_tokens)
+    return AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager", dtype=torch.float32)
 
 
 def hf_greedy_model(model: Any, prompt: list[int], new_tokens: int) -> list[int]:
+    """transformers' greedy continuation of one prompt, ignoring EOS."""
     ids = torch.tensor([prompt])
     out = model.generate(
         ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new_tokens,

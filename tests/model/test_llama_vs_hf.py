@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from model.hf_tiny import ARCHS, hf_greedy, hf_greedy_model, tiny_model  # noqa: F401 (fixture)
+from model.hf_tiny import ARCHS, hf_greedy_model, hf_model, tiny_model  # noqa: F401 (fixture)
 
 from pdserve.core.sampling import SamplingParams
 from pdserve.model.spec import ModelSpec
@@ -29,7 +29,8 @@ def test_greedy_matches_transformers(kind: str, tiny_model) -> None:
     runner = ModelRunner(spec, folder, num_blocks=32, block_size=16)
     prompts = _prompts(spec.vocab_size, (1, 17, 40))
     ours = generate(runner, prompts, GREEDY)
-    expected = [hf_greedy(folder, p, GREEDY.max_tokens) for p in prompts]
+    model = hf_model(folder)
+    expected = [hf_greedy_model(model, p, GREEDY.max_tokens) for p in prompts]
     assert ours == expected
     # A model stuck on one token would match trivially; these random ones are not.
     assert all(len(set(toks)) > 3 for toks in ours)
@@ -60,7 +61,7 @@ def test_transformers_loads_with_pdserve_installed(tiny_model) -> None:
 
 @pytest.mark.slow
 def test_default_model_matches_transformers(default_model_dir: Path) -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(default_model_dir)
     texts = ["What is the capital of France?", "Write a haiku about the sea.", "Count from one to ten:"]
@@ -73,8 +74,6 @@ def test_default_model_matches_transformers(default_model_dir: Path) -> None:
     runner = ModelRunner(spec, default_model_dir, num_blocks=64, block_size=16)
     params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
     ours = generate(runner, prompts, params)
-    model = AutoModelForCausalLM.from_pretrained(
-        default_model_dir, attn_implementation="eager", dtype=torch.float32
-    )
+    model = hf_model(default_model_dir)
     expected = [hf_greedy_model(model, p, 64) for p in prompts]
     assert ours == expected

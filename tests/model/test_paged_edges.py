@@ -6,7 +6,7 @@ import random
 
 import pytest
 import torch
-from model.hf_tiny import hf_greedy_model, tiny_model  # noqa: F401 (fixture)
+from model.hf_tiny import hf_greedy_model, hf_model, tiny_model  # noqa: F401 (fixture)
 
 from pdserve.core.sampling import SamplingParams
 from pdserve.core.step_io import SeqSlice, StepInput
@@ -43,8 +43,6 @@ def _greedy_paged(
 
 @pytest.mark.parametrize("shuffle,chunk", [(False, 10_000), (True, 10_000), (True, 64)])
 def test_block_edges_match_transformers(tiny_model, shuffle: bool, chunk: int) -> None:
-    from transformers import AutoModelForCausalLM
-
     folder = tiny_model("llama")
     spec = ModelSpec.from_dir(folder)
     bs = 16
@@ -62,5 +60,5 @@ def test_block_edges_match_transformers(tiny_model, shuffle: bool, chunk: int) -
     g = torch.Generator().manual_seed(7)
     prompts = [torch.randint(3, spec.vocab_size, (n,), generator=g).tolist() for n in LENGTHS]
     ours = _greedy_paged(runner, prompts, tables, chunk)
-    model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager", dtype=torch.float32)
+    model = hf_model(folder)
     assert ours == [hf_greedy_model(model, p, NEW) for p in prompts]
