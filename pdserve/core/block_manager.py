@@ -51,10 +51,17 @@ class BlockManager:
         return out
 
     def free(self, blocks: list[int]) -> None:
-        """Drop one reference from each block; unreferenced blocks become free or cached."""
+        """Drop one reference from each block; unreferenced blocks become free or cached.
+
+        All or nothing: a double free raises before any count changes.
+        """
+        drops: dict[int, int] = {}
         for b in blocks:
-            if self._refs[b] <= 0:
+            drops[b] = drops.get(b, 0) + 1
+        for b, n in drops.items():
+            if self._refs[b] < n:
                 raise RuntimeError(f"double free of block {b}")
+        for b in blocks:
             self._refs[b] -= 1
             if self._refs[b] == 0:
                 if b in self._hash_of:
@@ -63,10 +70,10 @@ class BlockManager:
                     self._free.append(b)
 
     def share(self, blocks: list[int]) -> None:
-        """Add a reference to blocks already in use (fork)."""
+        """Add a reference to blocks already in use (fork); all or nothing."""
+        if any(self._refs[b] <= 0 for b in blocks):
+            raise RuntimeError(f"cannot share unused blocks {[b for b in blocks if self._refs[b] <= 0]}")
         for b in blocks:
-            if self._refs[b] <= 0:
-                raise RuntimeError(f"cannot share unused block {b}")
             self._refs[b] += 1
 
     def ref_count(self, block: int) -> int:

@@ -110,7 +110,7 @@ class Scheduler:
                 continue
             slices.append(self._slice(seq, len(seq) - 1, len(seq)))
             budget -= 1
-        while self.waiting and budget > 0 and len(slices) < self.cfg.max_num_seqs:
+        while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
             seq = self.waiting[0]
             if seq.num_computed == 0 and not seq.block_table:
                 self._reuse_prefix(seq)
@@ -134,12 +134,12 @@ class Scheduler:
             seq = self._by_id.get(sl.request_id)
             if seq is None:
                 continue
-            seq.num_computed = sl.end_pos
-            self._register_prefix(seq)
-            if sl.request_id in self._aborted:
+            if sl.request_id in self._aborted:  # a failed step's KV must never enter the prefix cache
                 events.append(TokenEvent(seq.request_id, -1, Finish.ABORT))
                 self._finish(seq, Finish.ABORT)
                 continue
+            seq.num_computed = sl.end_pos
+            self._register_prefix(seq)
             if not sl.sample:
                 continue
             token = out.sampled[sl.request_id]
@@ -187,13 +187,21 @@ class Scheduler:
         return True
 
     def _preempt(self, seq: Sequence) -> None:
-        self.blocks.free(seq.block_table)
-        seq.block_table, seq.num_computed = [], 0
-        self._registered.pop(seq.request_id, None)
+        self._release(seq)
         seq.status = SeqStatus.WAITING
         self.running.remove(seq)
+        # Only the head of the queue may hold blocks (a partial chunk, prefix hits): were a
+        # holder left behind the victim, the victim could wait forever for the holder's blocks.
+        if self.waiting and self.waiting[0].block_table:
+            self._release(self.waiting[0])
         self.waiting.appendleft(seq)
         self.preemptions += 1
+
+    def _release(self, seq: Sequence) -> None:
+        """Free seq's blocks and forget its progress: it recomputes from scratch."""
+        self.blocks.free(seq.block_table)
+        seq.block_table, seq.num_computed, seq.num_cached = [], 0, 0
+        self._registered.pop(seq.request_id, None)
 
     def _reuse_prefix(self, seq: Sequence) -> None:
         hashes = self._hashes.get(seq.request_id)

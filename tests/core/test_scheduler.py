@@ -123,3 +123,49 @@ def test_max_num_seqs_caps_a_step():
         sched2.add(seq(f"r{i}", 3, 3, seed=i))
     run_all(sched2, runner2)
     leak_check(sched2)
+
+
+def test_preempted_sequence_is_not_starved_by_a_partial_chunk():
+    # A decodes while B (a long prompt, chunked) holds most of the pool; when A must preempt
+    # itself it lands ahead of B, so B has to give its blocks back or nothing ever runs again.
+    sched, runner = make(num_blocks=8, block_size=4, max_num_batched_tokens=8)
+    sched.add(seq("a", 4, 20, seed=1))
+    step = sched.schedule()
+    first = [e.token for e in sched.update(step, runner.execute(step))]
+    sched.add(seq("b", 28, 2, seed=2))
+    outs = run_all(sched, runner, max_steps=500)
+    assert sched.preemptions > 0
+    assert first + outs["a"] == alone(4, 20, 1) and outs["b"] == alone(28, 2, 2)
+    leak_check(sched)
+
+
+def test_failed_step_does_not_feed_the_prefix_cache():
+    sched, runner = make(num_blocks=64, block_size=4, max_num_batched_tokens=256)
+    a = seq("a", 12, 2, seed=4)
+    sched.add(a)
+    step = sched.schedule()
+    sched.fail_step(step)
+    events = sched.update(step, runner.execute(step))
+    assert [e.finish for e in events] == [Finish.ABORT]
+    sched.add(Sequence("b", list(a.prompt_ids), SamplingParams(temperature=0, max_tokens=2)))
+    step = sched.schedule()
+    assert step.seqs[0].start_pos == 0  # nothing was cached from the failed step
+    assert sched.prefix_hit_tokens == 0
+    assert sched.abort("b")  # mid-step: freed at update
+    sched.update(step, runner.execute(step))
+    assert not sched.has_work
+    leak_check(sched)
+
+
+def test_max_num_seqs_bounds_running_every_step():
+    sched, runner = make(num_blocks=512, max_num_seqs=3, max_num_batched_tokens=4096)
+    for i in range(7):
+        sched.add(seq(f"r{i}", 3, 3 + i, seed=i))
+    outs: dict[str, list[int]] = {}
+    while sched.has_work:
+        step = sched.schedule()
+        assert len(step.seqs) <= 3 and len(sched.running) <= 3
+        for ev in sched.update(step, runner.execute(step)):
+            outs.setdefault(ev.request_id, []).append(ev.token)
+    assert all(outs[f"r{i}"] == alone(3, 3 + i, i) for i in range(7))
+    leak_check(sched)
