@@ -59,3 +59,8 @@ def test_pool_too_small() -> None:
     small = ModelRunner(SPEC, None, num_blocks=3, block_size=8, load_format="dummy")
     with pytest.raises(ValueError, match="KV blocks"):
         generate(small, PROMPTS, SamplingParams(max_tokens=8))
+
+
+def test_too_long_for_the_model(runner: ModelRunner) -> None:
+    with pytest.raises(ValueError, match="positions"):
+        generate(runner, [[1] * 200], SamplingParams(max_tokens=100))

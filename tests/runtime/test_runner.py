@@ -100,3 +100,10 @@ def test_seeded_tokens_independent_of_worker_and_batch(runner: ModelRunner) -> N
     assert _seeded_run(runner, prompt, 12, split=5, extra=True) == base
     assert _seeded_run(runner, prompt, 12, split=1, extra=False) == base
     assert len(set(base)) > 3
+
+
+def test_bfloat16_runs_and_reports_its_layout() -> None:
+    r = ModelRunner(SPEC, None, num_blocks=4, block_size=4, dtype=torch.bfloat16, load_format="dummy")
+    assert r.kv_pool.dtype == torch.bfloat16 and r.layout.dtype == "bfloat16"
+    out = r.execute(StepInput((SeqSlice("x", (5, 6, 7, 8, 9), 0, (1, 3), GREEDY),)))
+    assert 0 <= out.sampled["x"] < SPEC.vocab_size
