@@ -9,4 +9,4 @@ export PYTHONPATH="${PWD}${PYTHONPATH:+:$PYTHONPATH}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.cuda.is_available())"
 python -m pytest -q tests/kernels -x -p no:cacheprovider
-python bench/kernels.py --out "$OUT/kernels.json"
+python bench/kernel_bench.py --out "$OUT/kernels.json"

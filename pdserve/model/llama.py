@@ -128,8 +128,9 @@ class LlamaModel:
         k = k.reshape(t, spec.num_kv_heads, d)
         v = v.reshape(t, spec.num_kv_heads, d)
         if spec.qk_norm:
-            q, _ = ops.rms_norm(q, lw["q_norm"], spec.rms_norm_eps)
-            k, _ = ops.rms_norm(k, lw["k_norm"], spec.rms_norm_eps)
+            # per-head norm: the kernels take 2-D rows, so fold heads into rows
+            q = ops.rms_norm(q.reshape(-1, d), lw["q_norm"], spec.rms_norm_eps)[0].view(t, -1, d)
+            k = ops.rms_norm(k.reshape(-1, d), lw["k_norm"], spec.rms_norm_eps)[0].view(t, -1, d)
         q, k = ops.rotary(q, k, positions, self.cos_sin)
         k_cache, v_cache = kv_pool[l, 0], kv_pool[l, 1]
         ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)

@@ -5,7 +5,7 @@ import warnings
 
 from pdserve.proto import kv_pb2 as pdserve_dot_v1_dot_kv__pb2
 
-GRPC_GENERATED_VERSION = '1.84.2'
+GRPC_GENERATED_VERSION = '1.84.0'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 

@@ -1,0 +1,210 @@
+"""Engine benchmark on one CUDA GPU: decode, prefill, paged attention, vs transformers and rooflines.
+
+python bench/engine.py --out bench/results/engine-<gpu>-<date>.json [--models llama-3.1-8b,qwen2.5-7b]
+Random weights of real shapes (--load-format dummy); speed does not depend on the values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+from pdserve.core.block_manager import BlockManager
+from pdserve.core.request import Sequence, SeqStatus
+from pdserve.core.sampling import SamplingParams
+from pdserve.core.scheduler import Scheduler, SchedulerConfig
+from pdserve.core.step_io import SeqSlice, StepInput
+from pdserve.model.spec import ModelSpec
+from pdserve.runtime.runner import ModelRunner
+
+CONFIGS = Path(__file__).parent / "configs"
+GREEDY = SamplingParams(temperature=0.0, max_tokens=1 << 20)
+BS = 16
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def timed(fn, iters: int = 10, warmup: int = 2) -> float:
+    """Median seconds of fn() with the device synchronised around each call."""
+    for _ in range(warmup):
+        fn()
+    sync()
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def copy_bandwidth() -> float:
+    a = torch.randn(1 << 30, device="cuda", dtype=torch.bfloat16)  # 2 GiB
+    b = torch.empty_like(a)
+    t = timed(lambda: b.copy_(a), iters=20)
+    return 2 * a.numel() * a.element_size() / t / 1e9
+
+
+def matmul_tflops() -> float:
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    t = timed(lambda: a @ b, iters=20)
+    return 2 * 8192**3 / t / 1e12
+
+
+def decode_step(n_seqs: int, ctx: int, vocab: int) -> StepInput:
+    """n_seqs sequences with ctx cached tokens each, in disjoint blocks, decoding one token."""
+    per = ctx // BS + 1
+    return StepInput(tuple(
+        SeqSlice(f"s{i}", (i % vocab,), ctx, tuple(range(i * per, (i + 1) * per)), GREEDY)
+        for i in range(n_seqs)))
+
+
+def prefill_step(n_tokens: int, vocab: int) -> StepInput:
+    ids = tuple(torch.randint(0, vocab, (n_tokens,)).tolist())
+    return StepInput((SeqSlice("p", ids, 0, tuple(range(n_tokens // BS + 1)), GREEDY),))
+
+
+def weight_bytes(runner: ModelRunner) -> int:
+    """Bytes a decode step must read: every weight once; of the embedding only its rows, so it
+    counts only when tied to lm_head (which reads it whole)."""
+    seen, total = set(), 0
+    for name, t in runner.model.w.items():
+        if name == "embed" and not runner.spec.tie_word_embeddings:
+            continue
+        if t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+    return total
+
+
+def bench_model(name: str, copy_gbps: float, mm_tflops: float, device: str = "cuda") -> dict:
+    spec = ModelSpec.from_config_dict(json.loads((CONFIGS / f"{name}.json").read_text()))
+    num_blocks = 256 * (1024 // BS + 1) + 64
+    runner = ModelRunner(spec, None, device=device, dtype=torch.bfloat16, num_blocks=num_blocks,
+                         block_size=BS, load_format="dummy")
+    runner.kv_pool.normal_()  # never time on zeros
+    wbytes = weight_bytes(runner)
+    kv_tok = runner.layout.token_bytes_per_layer * spec.num_layers
+    out: dict = {"weight_bytes": wbytes}
+    run = lambda step: (lambda: runner.execute(step))  # noqa: E731
+    bs1 = {}
+    for ctx in (128, 4096):
+        t = timed(run(decode_step(1, ctx, spec.vocab_size)), iters=30)
+        bs1[str(ctx)] = {"tok_s": 1 / t, "roofline_ratio": (wbytes + kv_tok * ctx) / (copy_gbps * 1e9) / t}
+    out["decode_bs1_by_ctx"] = bs1
+    out["decode_bs1_tok_s"] = bs1["128"]["tok_s"]
+    out["decode_bs1_roofline_ratio"] = bs1["128"]["roofline_ratio"]
+    by_batch, step_s = {}, {}
+    for b in (1, 8, 32, 64, 128, 256):
+        t = timed(run(decode_step(b, 1024, spec.vocab_size)), iters=10)
+        by_batch[str(b)], step_s[b] = b / t, t
+    out["decode_tok_s_by_batch"] = by_batch
+    out["step_cpu_overhead_ratio_bs256"] = cpu_overhead(runner, spec, step_s[256])
+    pf_tok, ttft = {}, {}
+    for n in (512, 2048, 8192):
+        t = timed(run(prefill_step(n, spec.vocab_size)), iters=5)
+        pf_tok[str(n)], ttft[str(n)] = n / t, t * 1000
+    out["prefill_tok_s"], out["ttft_ms"] = pf_tok, ttft
+    params = wbytes / runner.kv_pool.element_size()
+    flops = 2 * params * 8192  # 2 FLOP per weight per token; attention FLOPs left out (a lower bound)
+    out["prefill_matmul_ratio"] = flops / (ttft["8192"] / 1000) / (mm_tflops * 1e12)
+    out["hf_generate_tok_s"] = hf_generate(spec, runner)
+    out["vs_hf_decode_ratio"] = {b: by_batch[b] / out["hf_generate_tok_s"][b]
+                                 for b in ("1", "32") if out["hf_generate_tok_s"].get(b)}
+    del runner
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return out
+
+
+def cpu_overhead(runner: ModelRunner, spec: ModelSpec, gpu_step_s: float) -> float:
+    """Host time to schedule 256 running sequences and build their tensors, over one step's time."""
+    sched = Scheduler(SchedulerConfig(max_num_seqs=256, max_model_len=4096), BlockManager(runner.num_blocks, BS))
+    for i in range(256):
+        blocks = sched.blocks.allocate(1024 // BS + 1)
+        sched.add(Sequence(f"s{i}", list(range(1024)), GREEDY, output_ids=[7], block_table=blocks,
+                           num_computed=1024, status=SeqStatus.RUNNING))
+    times = []
+    for _ in range(20):
+        t0 = time.perf_counter()
+        step = sched.schedule()
+        runner._prepare(step.seqs)
+        sched.update(step, __import__("pdserve.core.step_io", fromlist=["StepOutput"]).StepOutput(
+            {s.request_id: 7 for s in step.seqs}))
+        times.append(time.perf_counter() - t0)
+    sync()
+    return statistics.median(times) / gpu_step_s
+
+
+def hf_generate(spec: ModelSpec, runner: ModelRunner) -> dict:
+    """transformers generate() on the same weights, 128-token prompts, 64 new tokens."""
+    try:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        cfg = AutoConfig.for_model(**{k: v for k, v in json.loads(
+            (CONFIGS / f"{spec_name(spec)}.json").read_text()).items() if k != "architectures"})
+        with runner.device:
+            model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+        model.eval()
+        copy_weights_into(model, runner)
+        res = {}
+        for b in (1, 32):
+            ids = torch.randint(0, spec.vocab_size, (b, 128), device=runner.device)
+            gen = lambda: model.generate(ids, max_new_tokens=64, min_new_tokens=64, do_sample=False)  # noqa: E731
+            t = timed(gen, iters=3, warmup=1)
+            res[str(b)] = b * 64 / t
+        del model
+        return res
+    except Exception as e:  # report, never hide: the key is absent and the reason recorded
+        return {"error": repr(e)}
+
+
+@torch.no_grad()
+def copy_weights_into(model: torch.nn.Module, runner: ModelRunner) -> None:
+    """Our fused weights (qkv, gate_up) split back into the HF modules' tensors."""
+    from pdserve.model.loader import _hf_names
+
+    sd = model.state_dict()
+    for name, t in runner.model.w.items():
+        names = _hf_names(name)
+        parts = t.split([sd[n].shape[0] for n in names]) if len(names) > 1 else (t,)
+        for n, part in zip(names, parts):
+            sd[n].copy_(part)
+
+
+def spec_name(spec: ModelSpec) -> str:
+    return "llama-3.1-8b" if spec.arch == "llama" else "qwen2.5-7b"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--models", default="llama-3.1-8b,qwen2.5-7b")
+    a = p.parse_args()
+    torch.manual_seed(0)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    res = {"gpu": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
+           "commit": commit or "unknown", "torch": torch.__version__}
+    res["copy_GBps"], res["matmul_TFLOPs"] = copy_bandwidth(), matmul_tflops()
+    res["models"] = {}
+    for name in a.models.split(","):
+        res["models"][name] = bench_model(name, res["copy_GBps"], res["matmul_TFLOPs"])
+        Path(a.out).write_text(json.dumps(res, indent=1))
+        print(json.dumps({name: res["models"][name]}, indent=1), flush=True)
+    Path(a.out).write_text(json.dumps(res, indent=1))
+    print(f"copy {res['copy_GBps']:.0f} GB/s  matmul {res['matmul_TFLOPs']:.0f} TFLOP/s")
+
+
+if __name__ == "__main__":
+    main()
