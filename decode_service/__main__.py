@@ -15,6 +15,8 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pdserve decode", description="pdserve decode worker")
     add_worker_args(p)
     p.add_argument("--lease-ms", type=int, default=10_000, help="reservation lease")
+    p.add_argument("--role", default="decode", choices=["decode", "colocated"],
+                   help="colocated: serve whole requests (Generate) as well; only the reported role differs")
     return p
 
 
@@ -35,7 +37,7 @@ async def amain(args: argparse.Namespace) -> None:
     engine = DecodeEngine(loop, receiver, built.spec.eos_token_ids, args.lease_ms / 1000)
     address = f"{args.host}:{args.port}"
     server = serving.new_server()
-    servicer = DecodeServicer(engine, built.runner.layout, address, args.kv_transfer, built.model_name)
+    servicer = DecodeServicer(engine, built.runner.layout, address, args.kv_transfer, built.model_name, args.role)
     worker_pb2_grpc.add_DecodeWorkerServicer_to_server(servicer, server)
     receiver.add_to_server(server)
     names = ["pdserve.v1.DecodeWorker", "pdserve.v1.KvTransfer"]

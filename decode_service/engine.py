@@ -69,6 +69,17 @@ class DecodeEngine:
             raise ValueError("first_token already ends the request; nothing to decode")
         self.loop.submit(seq, sink)
 
+    def generate(self, request_id: str, prompt: list[int], params: SamplingParams, sink: Sink) -> None:
+        """Colocated mode: queue a whole request here; it is prefilled (in chunks mixed into
+        the decode steps) and decoded by the same scheduler, with no KV transfer."""
+        max_len = self.loop.scheduler.cfg.max_model_len
+        if not 0 < len(prompt) < max_len:
+            raise ValueError(f"prompt_token_ids: {len(prompt)} tokens, must be in [1, {max_len - 1}]")
+        with self.loop.lock:
+            if request_id in self._reserved or self.loop.scheduler.get(request_id):
+                raise ValueError(f"request {request_id} already exists")
+        self.loop.submit(Sequence(request_id, list(prompt), params, self.eos_ids), sink)
+
     def abort(self, request_id: str) -> bool:
         if self._release(request_id):
             return True

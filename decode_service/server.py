@@ -1,4 +1,4 @@
-"""gRPC face of the decode worker: Reserve, Decode (token stream), Abort, GetStats."""
+"""gRPC face of the decode worker: Reserve, Decode (token stream), Generate (colocated), Abort, GetStats."""
 
 from __future__ import annotations
 
@@ -26,8 +26,10 @@ FINISH_TO_WIRE = {
 
 
 class DecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
-    def __init__(self, engine: DecodeEngine, layout: KvLayout, kv_address: str, backend: str, model: str) -> None:
+    def __init__(self, engine: DecodeEngine, layout: KvLayout, kv_address: str, backend: str, model: str,
+                 role: str = "decode") -> None:
         self.engine = engine
+        self.role = role
         self.layout = layout
         self.kv_address = kv_address
         self.backend = backend
@@ -64,12 +66,33 @@ class DecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        async for batch in self._relay(rid, stream):
+            yield batch
+
+    async def Generate(self, request: worker_pb2.GenerateWork, context: grpc.aio.ServicerContext):
+        """Colocated mode: prefill and decode the request on this worker, streaming tokens."""
+        rid = request.request_id
+        if not rid:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request_id: empty")
+        try:
+            params = sampling_from_wire(request.sampling)
+        except ValueError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"sampling.{e}")
+        stream = EventStream()
+        try:
+            self.engine.generate(rid, list(request.prompt_token_ids), params, stream.sink)
+        except ValueError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        async for batch in self._relay(rid, stream):
+            yield batch
+
+    async def _relay(self, rid: str, stream: EventStream):
+        """Token events of rid as TokenBatches until it finishes; aborts it if the caller leaves."""
         finished = False
         try:
             while not finished:
-                events = await stream.next_batch()
                 batch = worker_pb2.TokenBatch()
-                for ev in events:
+                for ev in await stream.next_batch():
                     if ev.token >= 0:
                         batch.token_ids.append(ev.token)
                     if ev.finish is not None:
@@ -87,7 +110,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
         sched = self.engine.loop.scheduler
         with self.engine.loop.lock:
             return worker_pb2.WorkerStats(
-                role="decode", free_blocks=sched.blocks.num_free, total_blocks=sched.blocks.num_total,
+                role=self.role, free_blocks=sched.blocks.num_free, total_blocks=sched.blocks.num_total,
                 running=len(sched.running), waiting=len(sched.waiting) + self.engine.num_reserved,
                 queued_tokens=sched.queued_tokens, layout=layout_to_proto(self.layout), model=self.model,
                 max_model_len=sched.cfg.max_model_len, prefix_cache_hits=sched.prefix_hit_tokens,

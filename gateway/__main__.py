@@ -12,8 +12,9 @@ def parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(prog="pdserve gateway", description="pdserve gateway")
     add_model_args(p)
-    p.add_argument("--prefill", required=True, help="prefill workers, host:port,...")
-    p.add_argument("--decode", required=True, help="decode workers, host:port,...")
+    p.add_argument("--prefill", default="", help="prefill workers, host:port,...")
+    p.add_argument("--decode", default="", help="decode workers, host:port,...")
+    p.add_argument("--colocated", default="", help="colocated workers (prefill + decode in one), host:port,...")
     return p
 
 
@@ -32,7 +33,11 @@ async def amain(args: argparse.Namespace) -> None:
     tok = load_tokenizer(model_dir)
     info = ModelInfo(args.served_model_name or model_dir.name, args.max_model_len,
                      spec.vocab_size, spec.eos_token_ids)
-    router = Router(args.prefill.split(","), args.decode.split(","))
+    split = lambda s: [a for a in s.split(",") if a]  # noqa: E731
+    try:
+        router = Router(split(args.prefill), split(args.decode), split(args.colocated))
+    except ValueError as e:
+        raise SystemExit(f"pdserve gateway: {e} (--prefill/--decode or --colocated)")
     server = serving.new_server()
     add_to_server(GatewayService(info, tok, router), server)
     names = ["pdserve.v1.Gateway"]

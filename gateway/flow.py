@@ -1,8 +1,8 @@
 """The whole path of one request across the workers: reserve, prefill, decode, abort.
 
 Yields lists of new token ids, the last one with the worker's finish reason. Whatever ends
-the generator early (client cancel, deadline, stop string, error) aborts the request on both
-workers, so no block outlives it.
+the generator early (client cancel, deadline, stop string, error) aborts the request on every
+worker it touched, so no block outlives it. In colocated mode one worker does all of it.
 """
 
 from __future__ import annotations
@@ -28,7 +28,33 @@ class Job:
     first_token_finishes: object  # callable(token) -> finish reason or None
 
 
-async def run(job: Job, router: Router, timeout: float | None) -> AsyncIterator[tuple[list[int], str | None]]:
+Tokens = AsyncIterator[tuple[list[int], str | None]]
+
+
+def run(job: Job, router: Router, timeout: float | None) -> Tokens:
+    """The token stream of job: colocated when the router has colocated workers."""
+    return (_colocated if router.colocated else _disaggregated)(job, router, timeout)
+
+
+async def _colocated(job: Job, router: Router, timeout: float | None) -> Tokens:
+    worker, done = router.pick(router.colocated), False
+    worker.inflight += 1
+    try:
+        call = worker.stub.Generate(worker_pb2.GenerateWork(
+            request_id=job.request_id, prompt_token_ids=job.prompt, sampling=job.sampling), timeout=timeout)
+        async for batch in call:
+            finish = WIRE_FINISH.get(batch.finish)
+            done = finish is not None
+            yield list(batch.token_ids), finish
+            if done:
+                return
+    finally:
+        worker.inflight -= 1
+        if not done:
+            await _abort(worker, job.request_id)
+
+
+async def _disaggregated(job: Job, router: Router, timeout: float | None) -> Tokens:
     decode, prefill = router.pick(router.decode), router.pick(router.prefill)
     rid, done, prefilled = job.request_id, False, False
     decode.inflight += 1

@@ -1,4 +1,4 @@
-"""Chooses a prefill and a decode worker per request: least loaded among the healthy ones."""
+"""Chooses the workers of a request (prefill + decode, or one colocated): least loaded, healthy."""
 
 from __future__ import annotations
 
@@ -26,11 +26,17 @@ class NoWorker(RuntimeError):
 
 
 class Router:
-    def __init__(self, prefill: list[str], decode: list[str]) -> None:
-        if not prefill or not decode:
+    """Worker pools: prefill + decode (disaggregated), or colocated workers that do both."""
+
+    def __init__(self, prefill: list[str], decode: list[str], colocated: list[str] | None = None) -> None:
+        colocated = colocated or []
+        if bool(colocated) == bool(prefill or decode):
+            raise ValueError("give colocated workers, or prefill and decode workers, not both")
+        if not colocated and not (prefill and decode):
             raise ValueError("need at least one prefill and one decode worker")
         self.prefill = [self._connect(a, worker_pb2_grpc.PrefillWorkerStub) for a in prefill]
         self.decode = [self._connect(a, worker_pb2_grpc.DecodeWorkerStub) for a in decode]
+        self.colocated = [self._connect(a, worker_pb2_grpc.DecodeWorkerStub) for a in colocated]
         self._turn = itertools.count()
 
     @staticmethod
@@ -46,5 +52,5 @@ class Router:
         return min(candidates, key=lambda w: (w.inflight, (w.order - turn) % len(pool)))
 
     async def close(self) -> None:
-        for w in self.prefill + self.decode:
+        for w in self.prefill + self.decode + self.colocated:
             await w.channel.close()

@@ -11,6 +11,7 @@ DEMO_QUESTION = "What is the capital of France?"
 
 def _up(argv: list[str]) -> None:
     p = argparse.ArgumentParser(prog="pdserve up", description="gateway + prefill + decode on 127.0.0.1")
+    p.add_argument("--colocated", action="store_true", help="one worker runs prefill and decode (no KV transfer)")
     p.add_argument("--model", default=None)
     p.add_argument("--port", type=int, default=50051, help="gateway port")
     p.add_argument("--demo", action="store_true", help=f"ask {DEMO_QUESTION!r} once everything is up")
@@ -20,8 +21,8 @@ def _up(argv: list[str]) -> None:
     from pdserve.model.prepare import resolve_model
 
     model = resolve_model(args.model)  # prepares the default model once, with a progress bar
-    print("starting prefill, decode and gateway ...", flush=True)
-    stack = Stack(model=str(model), worker_args=worker_args, echo=not args.quiet)
+    print(f"starting {'a colocated worker' if args.colocated else 'prefill, decode'} and gateway ...", flush=True)
+    stack = Stack(model=str(model), worker_args=worker_args, echo=not args.quiet, colocated=args.colocated)
     stack.start(gateway_port=args.port)
     try:
         for name, proc in stack.procs.items():

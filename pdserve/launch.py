@@ -1,4 +1,4 @@
-"""Start gateway + prefill + decode as child processes on loopback (`pdserve up`, tests)."""
+"""Start gateway + prefill + decode (or gateway + one colocated worker) as child processes on loopback."""
 
 from __future__ import annotations
 
@@ -45,11 +45,16 @@ class Proc:
 
 
 class Stack:
-    """A gateway in front of one prefill and one decode worker, all on 127.0.0.1."""
+    """A gateway in front of one prefill and one decode worker, all on 127.0.0.1.
+
+    With colocated=True: a gateway in front of one worker ("colocated") that runs both phases.
+    """
 
     def __init__(self, model: str | None = None, worker_args: list[str] | None = None,
                  gateway_args: list[str] | None = None, echo: bool = False,
-                 prefill_args: list[str] | None = None, decode_args: list[str] | None = None) -> None:
+                 prefill_args: list[str] | None = None, decode_args: list[str] | None = None,
+                 colocated: bool = False) -> None:
+        self.colocated = colocated
         self.model_args = ["--model", str(model)] if model else []
         self.worker_args = worker_args or []
         self.prefill_args = prefill_args or []
@@ -75,16 +80,27 @@ class Stack:
 
     def start(self, timeout: float = 300.0, gateway_port: int | None = None) -> "Stack":
         try:
-            # All three start at once: the gateway's channels connect lazily.
-            pre = self.spawn("prefill", "prefill_service", self.worker_args + self.prefill_args)
-            dec = self.spawn("decode", "decode_service", self.worker_args + self.decode_args)
-            gw = self.spawn("gateway", "gateway", ["--prefill", pre.address, "--decode", dec.address,
-                                                    *self.gateway_args], port=gateway_port)
-            self.wait([pre, dec, gw], timeout)
+            # All start at once: the gateway's channels connect lazily.
+            workers = self._spawn_workers()
+            pools = [f"--{name}={w.address}" for name, w in workers.items()]
+            gw = self.spawn("gateway", "gateway", [*pools, *self.gateway_args], port=gateway_port)
+            self.wait([*workers.values(), gw], timeout)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _spawn_workers(self) -> dict[str, Proc]:
+        if self.colocated:  # a decode worker that also serves Generate; decode_args apply to it
+            args = [*self.worker_args, *self.decode_args, "--role", "colocated"]
+            return {"colocated": self.spawn("colocated", "decode_service", args)}
+        return {"prefill": self.spawn("prefill", "prefill_service", self.worker_args + self.prefill_args),
+                "decode": self.spawn("decode", "decode_service", self.worker_args + self.decode_args)}
+
+    @property
+    def workers(self) -> dict[str, str]:
+        """Worker name (prefill, decode or colocated) -> address."""
+        return {n: p.address for n, p in self.procs.items() if n != "gateway"}
 
     def wait(self, procs: list[Proc], timeout: float) -> None:
         deadline = time.monotonic() + timeout

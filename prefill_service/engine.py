@@ -25,6 +25,7 @@ class PrefillEngine:
         self.eos_ids = eos_ids
         self.loop: EngineLoop | None = None
         self._handles: dict[str, SendHandle] = {}
+        self._pushing: set[str] = set()  # requests whose first slice was scheduled
 
     def attach(self, loop: EngineLoop) -> None:
         self.loop = loop
@@ -37,7 +38,10 @@ class PrefillEngine:
             handle = self._handles.get(sl.request_id)
             if handle is None:
                 continue
-            first, last = sl.start_pos // size, (sl.end_pos - 1) // size
+            # The first slice also ships the prefix-cached blocks: the decode side has none of it.
+            first = sl.start_pos // size if sl.request_id in self._pushing else 0
+            self._pushing.add(sl.request_id)
+            last = (sl.end_pos - 1) // size
             pushes.append((handle, sl.block_table[first : last + 1], first))
         if not pushes:
             return None
@@ -70,6 +74,7 @@ class PrefillEngine:
             raise
         finally:
             self._handles.pop(request_id, None)
+            self._pushing.discard(request_id)
             if not done:
                 self.loop.abort(request_id)
 

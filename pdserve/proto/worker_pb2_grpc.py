@@ -5,7 +5,7 @@ import warnings
 
 from pdserve.proto import worker_pb2 as pdserve_dot_v1_dot_worker__pb2
 
-GRPC_GENERATED_VERSION = '1.84.2'
+GRPC_GENERATED_VERSION = '1.84.0'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -202,6 +202,11 @@ class DecodeWorkerStub:
                 request_serializer=pdserve_dot_v1_dot_worker__pb2.DecodeRequest.SerializeToString,
                 response_deserializer=pdserve_dot_v1_dot_worker__pb2.TokenBatch.FromString,
                 _registered_method=True)
+        self.Generate = channel.unary_stream(
+                '/pdserve.v1.DecodeWorker/Generate',
+                request_serializer=pdserve_dot_v1_dot_worker__pb2.GenerateWork.SerializeToString,
+                response_deserializer=pdserve_dot_v1_dot_worker__pb2.TokenBatch.FromString,
+                _registered_method=True)
         self.Abort = channel.unary_unary(
                 '/pdserve.v1.DecodeWorker/Abort',
                 request_serializer=pdserve_dot_v1_dot_worker__pb2.AbortRequest.SerializeToString,
@@ -229,6 +234,13 @@ class DecodeWorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Generate(self, request, context):
+        """colocated: prefill + decode here
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Abort(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -252,6 +264,11 @@ def add_DecodeWorkerServicer_to_server(servicer, server):
             'Decode': grpc.unary_stream_rpc_method_handler(
                     servicer.Decode,
                     request_deserializer=pdserve_dot_v1_dot_worker__pb2.DecodeRequest.FromString,
+                    response_serializer=pdserve_dot_v1_dot_worker__pb2.TokenBatch.SerializeToString,
+            ),
+            'Generate': grpc.unary_stream_rpc_method_handler(
+                    servicer.Generate,
+                    request_deserializer=pdserve_dot_v1_dot_worker__pb2.GenerateWork.FromString,
                     response_serializer=pdserve_dot_v1_dot_worker__pb2.TokenBatch.SerializeToString,
             ),
             'Abort': grpc.unary_unary_rpc_method_handler(
@@ -318,6 +335,33 @@ class DecodeWorker:
             target,
             '/pdserve.v1.DecodeWorker/Decode',
             pdserve_dot_v1_dot_worker__pb2.DecodeRequest.SerializeToString,
+            pdserve_dot_v1_dot_worker__pb2.TokenBatch.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Generate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/pdserve.v1.DecodeWorker/Generate',
+            pdserve_dot_v1_dot_worker__pb2.GenerateWork.SerializeToString,
             pdserve_dot_v1_dot_worker__pb2.TokenBatch.FromString,
             options,
             channel_credentials,
