@@ -28,6 +28,25 @@ def build_request(
     return req
 
 
+class _Collected:
+    """Accumulates a response stream into (text, token ids, Complete)."""
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.ids: list[int] = []
+        self.done: gateway_pb2.Complete | None = None
+
+    def add(self, msg: gateway_pb2.GenerateResponse) -> None:
+        if msg.HasField("chunk"):
+            self.text.append(msg.chunk.text)
+            self.ids.extend(msg.chunk.token_ids)
+        else:
+            self.done = msg.complete
+
+    def result(self) -> tuple[str, list[int], gateway_pb2.Complete]:
+        return "".join(self.text), self.ids, self.done
+
+
 class Client:
     """Blocking client; `generate` yields Chunk messages and returns after the Complete one."""
 
@@ -40,14 +59,10 @@ class Client:
 
     def generate(self, timeout: float | None = None, **kw: Any) -> tuple[str, list[int], gateway_pb2.Complete]:
         """Whole text, token ids and the Complete message of one request."""
-        text, ids, done = [], [], None
+        acc = _Collected()
         for msg in self.stream(build_request(**kw), timeout=timeout):
-            if msg.HasField("chunk"):
-                text.append(msg.chunk.text)
-                ids.extend(msg.chunk.token_ids)
-            else:
-                done = msg.complete
-        return "".join(text), ids, done
+            acc.add(msg)
+        return acc.result()
 
     def close(self) -> None:
         self.channel.close()
@@ -71,14 +86,10 @@ class AsyncClient:
             yield msg
 
     async def generate(self, timeout: float | None = None, **kw: Any) -> tuple[str, list[int], gateway_pb2.Complete]:
-        text, ids, done = [], [], None
+        acc = _Collected()
         async for msg in self.stream(build_request(**kw), timeout=timeout):
-            if msg.HasField("chunk"):
-                text.append(msg.chunk.text)
-                ids.extend(msg.chunk.token_ids)
-            else:
-                done = msg.complete
-        return "".join(text), ids, done
+            acc.add(msg)
+        return acc.result()
 
     async def close(self) -> None:
         await self.channel.close()
