@@ -1,4 +1,4 @@
-"""The `pdserve` command: up | gateway | prefill | decode | generate | prepare-model."""
+"""The `pdserve` command: up | gateway | prefill | decode | generate | bench | prepare-model."""
 
 from __future__ import annotations
 
@@ -85,6 +85,12 @@ def _prepare(argv: list[str]) -> None:
     print(resolve_model(a.model))
 
 
+def _bench(argv: list[str]) -> None:
+    from pdserve.bench.main import main as bench_main
+
+    bench_main(argv)
+
+
 def _service(module: str):
     def run(argv: list[str]) -> None:
         import importlib
@@ -100,6 +106,7 @@ COMMANDS = {
     "prefill": _service("prefill_service"),
     "decode": _service("decode_service"),
     "generate": _generate,
+    "bench": _bench,
     "prepare-model": _prepare,
 }
 

@@ -1,0 +1,140 @@
+"""Fake prefill and decode workers that speak the real worker.proto services, for measuring the
+gateway alone: Reserve returns a KvTarget at once, Prefill returns a first token at once, Decode
+streams one token per request at every tick of a fixed-interval clock (like one continuous batch
+stepping every --interval-ms), GetStats answers.
+
+Token ids encode the tick: a token sent at tick k (due at k * interval on the monotonic clock)
+has id k % vocab-size, so a client on the same host can tell how late each token arrived.
+
+    python bench/fake_workers.py --role decode --port 50053 --interval-ms 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import time
+
+import grpc
+
+from pdserve import serving
+from pdserve.proto import kv_pb2, worker_pb2, worker_pb2_grpc
+
+LENGTH = worker_pb2.WORKER_FINISH_LENGTH
+
+
+class Clock:
+    """One asyncio task that wakes at k * interval (monotonic) and hands tick k to every subscriber."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self.subscribers: set[asyncio.Queue[int]] = set()
+        self.task: asyncio.Task[None] | None = None
+
+    def subscribe(self) -> asyncio.Queue[int]:
+        if self.task is None:
+            self.task = asyncio.create_task(self._tick())
+        q: asyncio.Queue[int] = asyncio.Queue()
+        self.subscribers.add(q)
+        return q
+
+    async def _tick(self) -> None:
+        k = math.floor(time.monotonic() / self.interval) + 1
+        while True:
+            await asyncio.sleep(max(0.0, k * self.interval - time.monotonic()))
+            for q in list(self.subscribers):
+                q.put_nowait(k)
+            k = max(k + 1, math.floor(time.monotonic() / self.interval) + 1)  # skip ticks we slept through
+
+
+def _stats(role: str, blocks: int, running: int = 0) -> worker_pb2.WorkerStats:
+    return worker_pb2.WorkerStats(role=role, free_blocks=blocks, total_blocks=blocks, running=running,
+                                  model="fake", max_model_len=1 << 20)
+
+
+class FakePrefill(worker_pb2_grpc.PrefillWorkerServicer):
+    """Returns the first token immediately (its id encodes the current tick)."""
+
+    def __init__(self, clock: Clock, vocab: int) -> None:
+        self.clock, self.vocab = clock, vocab
+
+    async def Prefill(self, request, context) -> worker_pb2.PrefillResponse:
+        tick = math.floor(time.monotonic() / self.clock.interval)
+        return worker_pb2.PrefillResponse(first_token=tick % self.vocab)
+
+    async def Abort(self, request, context) -> worker_pb2.AbortResponse:
+        return worker_pb2.AbortResponse(found=False)
+
+    async def GetStats(self, request, context) -> worker_pb2.WorkerStats:
+        return _stats("prefill", 1 << 16)
+
+
+class FakeDecode(worker_pb2_grpc.DecodeWorkerServicer):
+    """Streams max_tokens - 1 tokens (the prefill worker sent the first), one per clock tick."""
+
+    def __init__(self, clock: Clock, vocab: int, block_size: int = 16) -> None:
+        self.clock, self.vocab, self.block_size = clock, vocab, block_size
+        self.running = 0
+
+    async def Reserve(self, request, context) -> worker_pb2.KvTarget:
+        n = -(-request.num_tokens // self.block_size)
+        layout = kv_pb2.KvLayout(model="fake", block_size=self.block_size, hash="fake")
+        return worker_pb2.KvTarget(request_id=request.request_id, block_ids=range(n), layout=layout,
+                                   backend="tcp", address="127.0.0.1:1", lease_ms=30000,
+                                   num_tokens=request.num_tokens)
+
+    async def Decode(self, request, context):
+        async for batch in self._stream(request.sampling.max_tokens - 1):
+            yield batch
+
+    async def Generate(self, request, context):
+        async for batch in self._stream(request.sampling.max_tokens):
+            yield batch
+
+    async def _stream(self, count: int):
+        q = self.clock.subscribe()
+        self.running += 1
+        try:
+            for i in range(count):
+                tick = await q.get()
+                finish = LENGTH if i == count - 1 else worker_pb2.WORKER_FINISH_NONE
+                yield worker_pb2.TokenBatch(token_ids=[tick % self.vocab], finish=finish)
+        finally:
+            self.clock.subscribers.discard(q)
+            self.running -= 1
+
+    async def Abort(self, request, context) -> worker_pb2.AbortResponse:
+        return worker_pb2.AbortResponse(found=False)
+
+    async def GetStats(self, request, context) -> worker_pb2.WorkerStats:
+        return _stats("decode", 1 << 16, self.running)
+
+
+async def amain(args: argparse.Namespace) -> None:
+    """Serve the fake role on host:port until SIGTERM."""
+    clock = Clock(args.interval_ms / 1000.0)
+    server = serving.new_server()
+    if args.role == "prefill":
+        worker_pb2_grpc.add_PrefillWorkerServicer_to_server(FakePrefill(clock, args.vocab_size), server)
+        names = ["pdserve.v1.PrefillWorker"]
+    else:
+        worker_pb2_grpc.add_DecodeWorkerServicer_to_server(FakeDecode(clock, args.vocab_size), server)
+        names = ["pdserve.v1.DecodeWorker"]
+    health = serving.add_health(server, names)
+    await serving.serve(server, f"{args.host}:{args.port}", health, names, drain_seconds=1.0)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--role", choices=["prefill", "decode"], required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--interval-ms", type=float, default=20.0, help="decode emits one token per stream per tick")
+    p.add_argument("--vocab-size", type=int, default=49152)
+    args = p.parse_args(argv)
+    asyncio.run(amain(args))
+
+
+if __name__ == "__main__":
+    main()
