@@ -40,6 +40,7 @@ def add_worker_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-blocks", type=int, default=None, help="override the pool size in blocks")
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode")
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--kv-transfer", default="tcp", choices=["tcp", "cuda_ipc", "nccl"])
     p.add_argument("--seed", type=int, default=0)
@@ -69,6 +70,8 @@ def build(args: argparse.Namespace) -> Built:
     runner = ModelRunner(
         spec, model_dir, device=device, dtype=dtype, num_blocks=num_blocks,
         block_size=args.block_size, load_format=args.load_format, seed=args.seed,
+        max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+        enforce_eager=getattr(args, "enforce_eager", False),
     )
     cfg = SchedulerConfig(
         max_num_seqs=args.max_num_seqs,

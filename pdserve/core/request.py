@@ -46,6 +46,15 @@ class Sequence:
     def __len__(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
 
+    def token_slice(self, start: int, end: int) -> tuple[int, ...]:
+        """token_ids[start:end] without building token_ids (a decode step's one token is cheap)."""
+        p = len(self.prompt_ids)
+        if start >= p:
+            return tuple(self.output_ids[start - p : end - p])
+        if end <= p:
+            return tuple(self.prompt_ids[start:end])
+        return tuple(self.prompt_ids[start:]) + tuple(self.output_ids[: end - p])
+
     def suppressed(self) -> tuple[int, ...]:
         """Tokens that must not be sampled yet (min_tokens not reached)."""
         if len(self.output_ids) >= self.params.min_tokens:

@@ -101,14 +101,16 @@ class Scheduler:
         """Pick this step's work; blocks for it are allocated before it is returned."""
         slices: list[SeqSlice] = []
         budget = self.cfg.max_num_batched_tokens
+        block_size = self.blocks.block_size
         # Oldest first, so the preemption victim (the newest) is never one already scheduled.
         self.running.sort(key=lambda s: s.arrival)
         for seq in list(self.running):
             if seq.status is not SeqStatus.RUNNING or budget <= 0:
                 continue
-            if not self._grow(seq, len(seq)):
+            n = len(seq)
+            if n > len(seq.block_table) * block_size and not self._grow(seq, n):
                 continue
-            slices.append(self._slice(seq, len(seq) - 1, len(seq)))
+            slices.append(self._slice(seq, n - 1, n))
             budget -= 1
         while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
             seq = self.waiting[0]
@@ -155,10 +157,9 @@ class Scheduler:
     # -- helpers ---------------------------------------------------------------------------
 
     def _slice(self, seq: Sequence, start: int, end: int) -> SeqSlice:
-        toks = seq.token_ids[start:end]
         return SeqSlice(
             request_id=seq.request_id,
-            token_ids=tuple(toks),
+            token_ids=seq.token_slice(start, end),
             start_pos=start,
             block_table=tuple(seq.block_table),
             sampling=seq.params,
@@ -219,6 +220,8 @@ class Scheduler:
         if not hashes:
             return
         done = self._registered.get(seq.request_id, 0)
+        if done >= len(hashes):
+            return  # every full prompt block is registered already (the decode steady state)
         full = min(len(hashes), seq.num_computed // self.blocks.block_size)
         for i in range(done, full):
             self.blocks.register(seq.block_table[i], hashes[i])

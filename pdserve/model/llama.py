@@ -23,7 +23,7 @@ LayerHook = Callable[[int], None]
 class AttnMetadata:
     """Batch layout for attention, built once per step by the runner.
 
-    slot_mapping [T] int64: flat cache slot (block * block_size + offset) of each new token.
+    slot_mapping [T] int32/int64: flat cache slot (block * block_size + offset) of each new token.
     block_tables [B, max_blocks] int32, seq_lens [B] int32 (cached + new tokens),
     query_start_loc [B+1] int32. `is_decode` means every sequence has exactly one new token
     (the paged decode kernel is used). `logits_indices` selects the tokens whose final hidden

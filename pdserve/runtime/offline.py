@@ -25,8 +25,8 @@ def generate(
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
     longest = max(len(p) for p in prompts) + params.max_tokens - 1
-    if longest > runner.model.max_position:
-        raise ValueError(f"prompt + max_tokens needs {longest} positions, the model has {runner.model.max_position}")
+    if longest > runner.max_model_len:
+        raise ValueError(f"prompt + max_tokens needs {longest} positions, the runner has {runner.max_model_len}")
     tables = _allocate(runner, [len(p) + params.max_tokens for p in prompts])
     stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))
     suppress = tuple(sorted(stops))

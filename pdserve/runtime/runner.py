@@ -13,8 +13,10 @@ from pdserve.core.step_io import SeqSlice, StepInput, StepOutput
 from pdserve.model.llama import AttnMetadata, LayerHook, LlamaModel
 from pdserve.model.loader import load_weights
 from pdserve.model.spec import ModelSpec
+from pdserve.runtime.cuda_graph import DecodeGraphs
 from pdserve.runtime.kv_cache import allocate_kv_pool, kv_layout
 from pdserve.runtime.sampler import sample_tokens
+from pdserve.runtime.staging import HostStager, flat_slot_mapping
 
 
 def default_ops(device: str | torch.device) -> ModuleType:
@@ -24,7 +26,11 @@ def default_ops(device: str | torch.device) -> ModuleType:
 
 
 class ModelRunner:
-    """Owns the weights, the KV pool and a sampler generator of one worker."""
+    """Owns the weights, the KV pool and a sampler generator of one worker.
+
+    On CUDA, pure-decode steps of up to `max_num_seqs` sequences replay CUDA graphs captured
+    at start-up (tables as wide as `max_model_len` needs); `enforce_eager` turns them off.
+    """
 
     def __init__(
         self,
@@ -38,6 +44,9 @@ class ModelRunner:
         load_format: str = "auto",
         seed: int = 0,
         ops: ModuleType | None = None,
+        max_model_len: int | None = None,
+        max_num_seqs: int = 256,
+        enforce_eager: bool = False,
     ) -> None:
         self.spec = spec
         self.device = torch.device(device)
@@ -51,22 +60,34 @@ class ModelRunner:
         self.kv_pool = allocate_kv_pool(spec, num_blocks, block_size, dtype, self.device)
         self.layout: KvLayout = kv_layout(spec, block_size, dtype)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.max_model_len = min(max_model_len or self.model.max_position, self.model.max_position)
+        self._stager = HostStager(self.device)
+        self.graphs: DecodeGraphs | None = None
+        if self.device.type == "cuda" and not enforce_eager:
+            self.graphs = DecodeGraphs(
+                self.model, self.kv_pool, block_size=block_size,
+                max_model_len=self.max_model_len, max_num_seqs=max_num_seqs,
+            )
 
     @torch.inference_mode()
     def execute(self, step: StepInput, layer_hook: LayerHook | None = None) -> StepOutput:
         """Run one step; `layer_hook(l)` is called once layer l's new KV is in the pool."""
         if not step.seqs:
             return StepOutput()
-        for s in step.seqs:
-            self._validate(s)
-        if len({s.request_id for s in step.seqs}) != len(step.seqs):
-            raise ValueError("a request appears twice in one step")
-        ids, positions, meta = self._prepare(step.seqs)
-        hidden = self.model.forward(ids, positions, meta, self.kv_pool, layer_hook)
+        self.check(step)
         sampled = [s for s in step.seqs if s.sample]
+        if layer_hook is None and self.graphed(step):
+            logits = self.graphs.run(step.seqs)
+            if len(sampled) < len(step.seqs):
+                logits = logits[[i for i, s in enumerate(step.seqs) if s.sample]]
+        else:
+            ids, positions, meta = self._prepare(step.seqs)
+            hidden = self.model.forward(ids, positions, meta, self.kv_pool, layer_hook)
+            if not sampled:
+                return StepOutput()
+            logits = self.model.compute_logits(hidden)
         if not sampled:
             return StepOutput()
-        logits = self.model.compute_logits(hidden)
         tokens = sample_tokens(
             logits,
             [s.sampling for s in sampled],
@@ -76,13 +97,24 @@ class ModelRunner:
         )
         return StepOutput(sampled={s.request_id: t for s, t in zip(sampled, tokens)})
 
+    def check(self, step: StepInput) -> None:
+        """Refuse a step the pool, the model or the vocabulary cannot serve (ValueError)."""
+        for s in step.seqs:
+            self._validate(s)
+        if len({s.request_id for s in step.seqs}) != len(step.seqs):
+            raise ValueError("a request appears twice in one step")
+
+    def graphed(self, step: StepInput) -> bool:
+        """True when this step replays a CUDA graph (a pure-decode batch that fits one)."""
+        return self.graphs is not None and self.graphs.fits(step.seqs)
+
     def _validate(self, s: SeqSlice) -> None:
         if not s.token_ids:
             raise ValueError(f"{s.request_id}: slice has no tokens")
-        if s.start_pos < 0 or s.end_pos > self.model.max_position:
+        if s.start_pos < 0 or s.end_pos > self.max_model_len:
             raise ValueError(
                 f"{s.request_id}: positions {s.start_pos}..{s.end_pos - 1} outside "
-                f"[0, {self.model.max_position})"
+                f"[0, {self.max_model_len})"
             )
         window = self.spec.sliding_window
         if window is not None and s.end_pos > window:
@@ -100,31 +132,33 @@ class ModelRunner:
             raise ValueError(f"{s.request_id}: token id outside the vocabulary")
 
     def _prepare(self, seqs: tuple[SeqSlice, ...]) -> tuple[torch.Tensor, torch.Tensor, AttnMetadata]:
-        """Flat lists -> tensors in one go; slot mapping is gathered on the device."""
-        dev, bs = self.device, self.block_size
+        """Flat host lists (slot mapping included) -> int32 device tensors in one copy."""
+        bs = self.block_size
         ids: list[int] = []
         pos: list[int] = []
+        slots: list[int] = []
+        tables: list[int] = []
         qsl = [0]
+        width = max(-(-s.end_pos // bs) for s in seqs)
         for s in seqs:
             ids.extend(s.token_ids)
             pos.extend(range(s.start_pos, s.end_pos))
+            slots.extend(flat_slot_mapping(s.block_table, s.start_pos, s.end_pos, bs))
             qsl.append(len(ids))
-        width = max(-(-s.end_pos // bs) for s in seqs)
-        tables = [list(s.block_table[:width]) + [0] * (width - len(s.block_table)) for s in seqs]
-        ids_t = torch.tensor(ids, dtype=torch.long, device=dev)
-        pos_t = torch.tensor(pos, dtype=torch.long, device=dev)
-        qsl_t = torch.tensor(qsl, dtype=torch.int32, device=dev)
-        bt_t = torch.tensor(tables, dtype=torch.int32, device=dev)
-        counts = qsl_t.diff()
-        seq_of_token = torch.repeat_interleave(torch.arange(len(seqs), device=dev), counts)
-        slots = bt_t[seq_of_token, pos_t // bs].long() * bs + pos_t % bs
+            tables.extend(s.block_table[:width])
+            if len(s.block_table) < width:
+                tables.extend([0] * (width - len(s.block_table)))
+        lens = [s.end_pos for s in seqs]
         sample_idx = [qsl[i + 1] - 1 for i, s in enumerate(seqs) if s.sample]
+        ids_t, pos_t, slots_t, qsl_t, bt_t, lens_t, idx_t = self._stager.upload(
+            [ids, pos, slots, qsl, tables, lens, sample_idx]
+        )
         meta = AttnMetadata(
-            slot_mapping=slots,
-            block_tables=bt_t,
-            seq_lens=torch.tensor([s.end_pos for s in seqs], dtype=torch.int32, device=dev),
+            slot_mapping=slots_t,
+            block_tables=bt_t.view(len(seqs), width),
+            seq_lens=lens_t,
             query_start_loc=qsl_t,
             is_decode=len(ids) == len(seqs),
-            logits_indices=torch.tensor(sample_idx, dtype=torch.long, device=dev),
+            logits_indices=idx_t,
         )
         return ids_t, pos_t, meta

@@ -1,0 +1,67 @@
+"""Host -> device upload of a step's int32 vectors: one tensor build, one copy, no host sync.
+
+On CUDA the values go through a pinned buffer that is reused step after step; an event
+recorded after each copy guards the buffer, so refilling it waits only for that copy (never
+for the forward pass queued behind it). On CPU the values are just wrapped in a tensor.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+
+def flat_slot_mapping(block_table: tuple[int, ...] | list[int], start: int, end: int, bs: int) -> list[int]:
+    """Flat cache slots (block * bs + offset) of positions start..end-1, one range per block."""
+    out: list[int] = []
+    pos = start
+    while pos < end:
+        blk, off = divmod(pos, bs)
+        n = min(bs - off, end - pos)
+        base = block_table[blk] * bs + off
+        out.extend(range(base, base + n))
+        pos += n
+    return out
+
+
+class HostStager:
+    """Uploads several flat int lists as int32 device tensors with a single H2D copy."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._cuda = device.type == "cuda"
+        self._pinned: torch.Tensor | None = None
+        self._event: torch.cuda.Event | None = None
+
+    def host_buffer(self, n: int) -> torch.Tensor:
+        """A pinned int32 buffer of at least n entries, safe to overwrite now."""
+        if self._event is not None:
+            self._event.synchronize()  # only the previous upload, not the step behind it
+        if self._pinned is None or self._pinned.numel() < n:
+            size = max(1024, 1 << (n - 1).bit_length())
+            self._pinned = torch.empty(size, dtype=torch.int32, pin_memory=True)
+        return self._pinned
+
+    def copied(self) -> None:
+        """Record that the copies out of the pinned buffer have been queued."""
+        if self._event is None:
+            self._event = torch.cuda.Event()
+        self._event.record()
+
+    def upload(self, parts: list[list[int]]) -> list[torch.Tensor]:
+        """Device int32 tensors, one per list, built from one torch.tensor call."""
+        flat = list(itertools.chain.from_iterable(parts)) if len(parts) > 1 else parts[0]
+        host = torch.tensor(flat, dtype=torch.int32)
+        if self._cuda:
+            buf = self.host_buffer(host.numel())[: host.numel()]
+            buf.copy_(host)
+            dev = buf.to(self.device, non_blocking=True)
+            self.copied()
+        else:
+            dev = host
+        out, at = [], 0
+        for p in parts:
+            out.append(dev[at : at + len(p)])
+            at += len(p)
+        return out
