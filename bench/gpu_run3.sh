@@ -6,7 +6,7 @@ OUT="${OUT:-.}"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
 export PYTHONUNBUFFERED=1
 unset TRITON_INTERPRET
-timeout 150 python3 -m pytest -q -p no:cacheprovider tests/runtime/test_cuda_graph.py tests/runtime/test_cuda.py tests/e2e/test_gpu_stack.py > $OUT/gpu_tests.log 2>&1
+timeout 120 python3 -m pytest -q -p no:cacheprovider tests/runtime/test_cuda_graph.py tests/runtime/test_cuda.py tests/e2e/test_gpu_stack.py > $OUT/gpu_tests.log 2>&1
 timeout "${ENGINE_TIMEOUT:-300}" python3 bench/engine.py --out "$OUT/engine.json" ${ENGINE_ARGS:-} > $OUT/engine.log 2>&1
 echo "== engine rc $? (log tail)"; grep -v Warning $OUT/engine.log | tail -8
 echo "== tests"; grep -E "passed|failed|Error|assert" $OUT/gpu_tests.log | tail -25
