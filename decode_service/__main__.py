@@ -39,6 +39,9 @@ async def amain(args: argparse.Namespace) -> None:
     server = serving.new_server()
     servicer = DecodeServicer(engine, built.runner.layout, address, args.kv_transfer, built.model_name, args.role)
     worker_pb2_grpc.add_DecodeWorkerServicer_to_server(servicer, server)
+    from pdserve.metrics import serve_worker
+
+    serve_worker(args.metrics_port, loop, lambda: engine.num_reserved, host=args.host)
     receiver.add_to_server(server)
     names = ["pdserve.v1.DecodeWorker", "pdserve.v1.KvTransfer"]
     health = serving.add_health(server, names)
@@ -57,6 +60,9 @@ def main(argv: list[str] | None = None) -> None:
     from pdserve.serving import setup_logging
 
     setup_logging(args.log_level)
+    from pdserve.serving import setup_observability
+
+    setup_observability(args, "pdserve-decode")
     asyncio.run(amain(args))
 
 

@@ -8,6 +8,7 @@ import logging
 import grpc
 
 from decode_service.engine import DecodeEngine, ReservationError
+from decode_service.spans import DecodeSpans
 from pdserve.core.block_manager import NoFreeBlocks
 from pdserve.core.kv_layout import KvLayout
 from pdserve.core.request import Finish
@@ -34,6 +35,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
         self.kv_address = kv_address
         self.backend = backend
         self.model = model
+        self.spans = DecodeSpans()
 
     async def Reserve(self, request: worker_pb2.ReserveRequest, context: grpc.aio.ServicerContext) -> worker_pb2.KvTarget:
         max_len = self.engine.loop.scheduler.cfg.max_model_len
@@ -43,6 +45,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"num_tokens: must be in [1, {max_len}]")
         try:
             blocks = self.engine.reserve(request.request_id, request.num_tokens)
+            self.spans.reserved(request.request_id)
         except NoFreeBlocks as e:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"decode KV pool full: {e}")
         except ValueError as e:
@@ -66,8 +69,14 @@ class DecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        async for batch in self._relay(rid, stream):
-            yield batch
+        span, n = self.spans.started(rid, context), 0
+        try:
+            async for batch in self._relay(rid, stream):
+                n += len(batch.token_ids)
+                yield batch
+        finally:
+            span.set_attribute("gen_ai.usage.output_tokens", n)
+            span.end()
 
     async def Generate(self, request: worker_pb2.GenerateWork, context: grpc.aio.ServicerContext):
         """Colocated mode: prefill and decode the request on this worker, streaming tokens."""
@@ -104,6 +113,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
                 self.engine.abort(rid)
 
     async def Abort(self, request: worker_pb2.AbortRequest, context: grpc.aio.ServicerContext) -> worker_pb2.AbortResponse:
+        self.spans.forget(request.request_id)
         return worker_pb2.AbortResponse(found=self.engine.abort(request.request_id))
 
     async def GetStats(self, request: worker_pb2.StatsRequest, context: grpc.aio.ServicerContext) -> worker_pb2.WorkerStats:

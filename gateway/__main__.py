@@ -24,7 +24,7 @@ async def amain(args: argparse.Namespace) -> None:
     from gateway.router import Router
     from gateway.server import GatewayService, ModelInfo, add_to_server
     from gateway.tokenizer import load_tokenizer
-    from pdserve import serving
+    from pdserve import metrics, serving
     from pdserve.model.prepare import resolve_model
     from pdserve.model.spec import ModelSpec
 
@@ -39,7 +39,9 @@ async def amain(args: argparse.Namespace) -> None:
     except ValueError as e:
         raise SystemExit(f"pdserve gateway: {e} (--prefill/--decode or --colocated)")
     server = serving.new_server()
-    add_to_server(GatewayService(info, tok, router), server)
+    gateway_metrics = metrics.GatewayMetrics()
+    metrics.serve(args.metrics_port, gateway_metrics.registry, args.host)
+    add_to_server(GatewayService(info, tok, router, gateway_metrics), server)
     names = ["pdserve.v1.Gateway"]
     health = serving.add_health(server, names)
     reflection.enable_server_reflection([*names, "grpc.health.v1.Health", reflection.SERVICE_NAME], server)
@@ -48,9 +50,10 @@ async def amain(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
-    from pdserve.serving import setup_logging
+    from pdserve.serving import setup_logging, setup_observability
 
     setup_logging(args.log_level)
+    setup_observability(args, "pdserve-gateway")
     asyncio.run(amain(args))
 
 

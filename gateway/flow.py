@@ -15,6 +15,7 @@ import grpc
 
 from gateway.router import Router, Worker
 from pdserve.proto import worker_pb2
+from pdserve.telemetry import tracer
 
 WIRE_FINISH = {worker_pb2.WORKER_FINISH_STOP: "stop", worker_pb2.WORKER_FINISH_LENGTH: "length",
                worker_pb2.WORKER_FINISH_ABORT: "abort"}
@@ -55,13 +56,16 @@ async def _colocated(job: Job, router: Router, timeout: float | None) -> Tokens:
 
 
 async def _disaggregated(job: Job, router: Router, timeout: float | None) -> Tokens:
-    decode, prefill = router.pick(router.decode), router.pick(router.prefill)
+    with tracer().start_as_current_span("router.select") as span:
+        decode, prefill = router.pick(router.decode), router.pick(router.prefill)
+        span.set_attributes({"pdserve.decode.address": decode.address, "pdserve.prefill.address": prefill.address})
     rid, done, prefilled = job.request_id, False, False
     decode.inflight += 1
     prefill.inflight += 1
     try:
-        target = await decode.stub.Reserve(
-            worker_pb2.ReserveRequest(request_id=rid, num_tokens=len(job.prompt)), timeout=timeout)
+        with tracer().start_as_current_span("decode.reserve", attributes={"pdserve.num_tokens": len(job.prompt)}):
+            target = await decode.stub.Reserve(
+                worker_pb2.ReserveRequest(request_id=rid, num_tokens=len(job.prompt)), timeout=timeout)
         first = await prefill.stub.Prefill(
             worker_pb2.PrefillRequest(request_id=rid, prompt_token_ids=job.prompt, sampling=job.sampling,
                                       target=target), timeout=timeout)

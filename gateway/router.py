@@ -9,6 +9,7 @@ import grpc
 
 from pdserve.proto import worker_pb2_grpc
 from pdserve.serving import GRPC_OPTIONS
+from pdserve.telemetry import client_interceptors
 
 
 @dataclass
@@ -41,7 +42,7 @@ class Router:
 
     @staticmethod
     def _connect(address: str, stub_cls: type) -> Worker:
-        channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
+        channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS, interceptors=client_interceptors())
         return Worker(address, channel, stub_cls(channel))
 
     def pick(self, pool: list[Worker], exclude: tuple[Worker, ...] = ()) -> Worker:

@@ -12,12 +12,14 @@ from google.protobuf.message import DecodeError
 
 from gateway import flow
 from gateway.detokenizer import IncrementalDetokenizer
+from gateway.observe import observed
 from gateway.router import NoWorker, Router
 from gateway.stops import StopChecker
 from gateway.tokenizer import encode_prompt
 from gateway.wire_check import bad_field
 from pdserve.core.request import Sequence, check_finish
 from pdserve.core.sampling import SamplingParams, ValidationError, validate_prompt
+from pdserve.metrics import GatewayMetrics
 from pdserve.proto import gateway_pb2
 from pdserve.serving import sampling_to_wire
 
@@ -61,10 +63,11 @@ def sampling_from_request(s: gateway_pb2.SamplingParams) -> SamplingParams:
 
 
 class GatewayService:
-    def __init__(self, model: ModelInfo, tokenizer, router: Router) -> None:
+    def __init__(self, model: ModelInfo, tokenizer, router: Router, metrics: GatewayMetrics | None = None) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.router = router
+        self.metrics = metrics
 
     def prepare(self, req: gateway_pb2.GenerateRequest) -> tuple[list[int], SamplingParams]:
         """Prompt ids and sampling params, or ValidationError naming the field."""
@@ -90,6 +93,13 @@ class GatewayService:
         return ids, params
 
     async def Generate(self, request, context: grpc.aio.ServicerContext):
+        """The token stream of one request, inside its `gateway.generate` span and metrics."""
+        inner = self._generate(request, context)
+        async with contextlib.aclosing(observed(inner, request, self.model.name, context, self.metrics)) as stream:
+            async for resp in stream:
+                yield resp
+
+    async def _generate(self, request, context: grpc.aio.ServicerContext):
         if isinstance(request, BadRequest):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.reason)
         try:

@@ -98,5 +98,20 @@ async def serve(
         await on_stop()
 
 
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s [trace=%(trace_id)s req=%(request_id)s]: %(message)s"
+
+
 def setup_logging(level: str = "INFO") -> None:
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    """Root logging; every record carries the trace id and request id (- when none)."""
+    from pdserve.telemetry import TraceLogFilter
+
+    logging.basicConfig(level=level, format=LOG_FORMAT)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(TraceLogFilter())
+
+
+def setup_observability(args, service: str) -> bool:
+    """Tracing from --otlp-traces-endpoint / OTEL_* for service; call once from a main."""
+    from pdserve.telemetry import setup
+
+    return setup(service, getattr(args, "otlp_traces_endpoint", None))

@@ -27,6 +27,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--log-level", default="INFO")
+    p.add_argument("--otlp-traces-endpoint", default=None,
+                   help="OTLP/gRPC collector for traces, e.g. http://jaeger:4317 (else OTEL_* env vars)")
+    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus endpoint port (0: off)")
 
 
 def add_worker_args(p: argparse.ArgumentParser) -> None:

@@ -32,6 +32,9 @@ async def amain(args: argparse.Namespace) -> None:
     server = serving.new_server()
     servicer = PrefillServicer(engine, built.runner.layout, built.spec.vocab_size, built.model_name)
     worker_pb2_grpc.add_PrefillWorkerServicer_to_server(servicer, server)
+    from pdserve.metrics import serve_worker
+
+    servicer.metrics = serve_worker(args.metrics_port, loop, host=args.host)
     names = ["pdserve.v1.PrefillWorker"]
     health = serving.add_health(server, names)
     loop.start()
@@ -48,6 +51,9 @@ def main(argv: list[str] | None = None) -> None:
     from pdserve.serving import setup_logging
 
     setup_logging(args.log_level)
+    from pdserve.serving import setup_observability
+
+    setup_observability(args, "pdserve-prefill")
     asyncio.run(amain(args))
 
 

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 
 from pdserve.core.request import Finish, Sequence
 from pdserve.core.sampling import SamplingParams
 from pdserve.core.step_io import StepInput
 from pdserve.runtime.loop import EngineLoop, LayerHook
+from pdserve.runtime.step_trace import StepTracer
+from pdserve.telemetry import tracer, tracing_enabled
 from pdserve.streams import EventStream
 from pdserve.transfer.base import KvSender, KvTargetSpec, SendHandle, TransferError, TransferStats
 
@@ -28,7 +31,10 @@ class PrefillEngine:
         self._pushing: set[str] = set()  # requests whose first slice was scheduled
 
     def attach(self, loop: EngineLoop) -> None:
+        """Use loop; while tracing is on it records prefill.queue / prefill.forward spans."""
         self.loop = loop
+        if tracing_enabled():
+            loop.step_tracer = StepTracer("prefill")
 
     def hook_for_step(self, step: StepInput) -> LayerHook | None:
         """Called on the engine thread before each forward: which blocks to push per layer."""
@@ -56,6 +62,7 @@ class PrefillEngine:
         self, request_id: str, prompt: list[int], params: SamplingParams, target: KvTargetSpec, timeout: float
     ) -> tuple[int, TransferStats, int]:
         """First token, transfer stats and prefix-cached tokens; the KV is visible remotely on return."""
+        t_start = time.time_ns()
         handle = await asyncio.to_thread(self.sender.start, target, self.loop.runner.kv_pool)
         self._handles[request_id] = handle
         stream = EventStream()
@@ -68,6 +75,7 @@ class PrefillEngine:
             if event.finish is Finish.ABORT or event.token < 0:
                 raise PrefillAborted(f"request {request_id} was aborted during prefill")
             stats = await asyncio.to_thread(handle.finish, timeout)
+            _transfer_span(t_start, stats, len(target.block_ids), target.backend)
             return event.token, stats, seq.num_cached
         except (TransferError, PrefillAborted, asyncio.CancelledError):
             handle.abort()
@@ -83,3 +91,12 @@ class PrefillEngine:
         if handle is not None:
             handle.abort()
         return self.loop.abort(request_id)
+
+
+def _transfer_span(start_ns: int, stats: TransferStats, blocks: int, backend: str) -> None:
+    """`kv.transfer`: from opening the send to the decode side's ack of every byte."""
+    gbps = stats.bytes / stats.seconds / 1e9 if stats.seconds > 0 else 0.0
+    span = tracer().start_span("kv.transfer", start_time=start_ns, attributes={
+        "pdserve.kv.bytes": stats.bytes, "pdserve.kv.blocks": blocks, "pdserve.kv.backend": backend,
+        "pdserve.kv.gbps": gbps, "pdserve.kv.chunks": stats.chunks, "pdserve.kv.seconds": stats.seconds})
+    span.end()

@@ -9,7 +9,9 @@ import grpc
 
 from pdserve.core.kv_layout import KvLayout
 from pdserve.proto import worker_pb2, worker_pb2_grpc
+from pdserve.metrics import WorkerMetrics
 from pdserve.serving import sampling_from_wire
+from pdserve.telemetry import remote_parent
 from pdserve.transfer.base import KvTargetSpec, LayoutMismatch, TransferError, layout_to_proto
 from prefill_service.engine import PrefillAborted, PrefillEngine
 
@@ -22,6 +24,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillWorkerServicer):
         self.layout = layout
         self.vocab_size = vocab_size
         self.model = model
+        self.metrics: WorkerMetrics | None = None  # set by main when metrics are on
 
     async def Prefill(self, request: worker_pb2.PrefillRequest, context: grpc.aio.ServicerContext) -> worker_pb2.PrefillResponse:
         prompt = list(request.prompt_token_ids)
@@ -34,7 +37,10 @@ class PrefillServicer(worker_pb2_grpc.PrefillWorkerServicer):
         remaining = context.time_remaining()
         timeout = 30.0 if remaining is None else max(0.1, remaining)
         try:
-            token, stats, cached = await self.engine.prefill(request.request_id, prompt, params, target, timeout)
+            with remote_parent(context):
+                token, stats, cached = await self.engine.prefill(request.request_id, prompt, params, target, timeout)
+            if self.metrics is not None:
+                self.metrics.transfer(stats.bytes, stats.seconds)
         except LayoutMismatch as e:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         except TransferError as e:

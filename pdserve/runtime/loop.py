@@ -15,6 +15,7 @@ from typing import Protocol
 from pdserve.core.request import Finish, Sequence
 from pdserve.core.scheduler import Scheduler, TokenEvent
 from pdserve.core.step_io import StepInput, StepOutput
+from pdserve.runtime.step_trace import StepTracer
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,7 @@ class EngineLoop:
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self.steps = 0
         self.busy_seconds = 0.0
+        self.step_tracer: StepTracer | None = None  # set by a worker while tracing is on
 
     def start(self) -> None:
         self._thread.start()
@@ -64,6 +66,8 @@ class EngineLoop:
         with self._wake:
             self.scheduler.add(seq)
             self._sinks[seq.request_id] = sink
+            if self.step_tracer is not None:
+                self.step_tracer.submitted(seq.request_id)
             self._wake.notify()
 
     def abort(self, request_id: str) -> bool:
@@ -72,6 +76,8 @@ class EngineLoop:
             inflight = self.scheduler.in_step(request_id)
             found = self.scheduler.abort(request_id)
             sink = None if inflight else self._sinks.pop(request_id, None)
+            if self.step_tracer is not None and not inflight:
+                self.step_tracer.forget(request_id)
         if sink is not None:
             sink(TokenEvent(request_id, -1, Finish.ABORT))
         return found
@@ -97,6 +103,9 @@ class EngineLoop:
         except Exception:  # a failed forward must not kill the loop or leak the batch
             log.exception("step failed; aborting its %d sequences", len(step.seqs))
             out = None
+        if self.step_tracer is not None:
+            self.step_tracer.step(step, time.time_ns() - int((time.perf_counter() - t0) * 1e9), time.time_ns(),
+                                  out is not None)
         with self._lock:
             if out is None:
                 self.scheduler.fail_step(step)
@@ -106,6 +115,8 @@ class EngineLoop:
             for e in events:
                 if e.finish is not None:
                     self._sinks.pop(e.request_id, None)
+                    if self.step_tracer is not None:
+                        self.step_tracer.forget(e.request_id)
         for sink, ev in sinks:
             if sink is not None:
                 sink(ev)
