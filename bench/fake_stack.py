@@ -22,9 +22,9 @@ class FakeStack(Stack):
     """pdserve.launch.Stack whose workers are bench/fake_workers.py (tokens every interval_ms)."""
 
     def __init__(self, interval_ms: float = 20.0, model: str | None = None, echo: bool = False,
-                 gateway_args: list[str] | None = None) -> None:
+                 gateway_args: list[str] | None = None, slots: int = 1) -> None:
         super().__init__(model=model, gateway_args=gateway_args, echo=echo)
-        self.interval_ms = interval_ms
+        self.interval_ms, self.slots = interval_ms, slots
 
     def _spawn_workers(self) -> dict[str, Proc]:
         return {role: self._spawn_fake(role) for role in ("prefill", "decode")}
@@ -32,7 +32,7 @@ class FakeStack(Stack):
     def _spawn_fake(self, role: str) -> Proc:
         port = free_port()
         cmd = [sys.executable, "-u", str(FAKE), "--role", role, "--port", str(port),
-               "--interval-ms", str(self.interval_ms)]
+               "--interval-ms", str(self.interval_ms), "--slots", str(self.slots)]
         popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                  env=dict(os.environ, PYTHONUNBUFFERED="1"), cwd=ROOT)
         proc = Proc(f"fake-{role}", f"127.0.0.1:{port}", popen)

@@ -3,8 +3,11 @@ gateway alone: Reserve returns a KvTarget at once, Prefill returns a first token
 streams one token per request at every tick of a fixed-interval clock (like one continuous batch
 stepping every --interval-ms), GetStats answers.
 
-Token ids encode the tick: a token sent at tick k (due at k * interval on the monotonic clock)
-has id k % vocab-size, so a client on the same host can tell how late each token arrived.
+With --slots N > 1 the streams are spread over N phases (stream i gets its tokens at the ticks
+k of a clock of period interval / N with k % N == i % N), as with N staggered decode batches.
+
+Token ids encode the tick: a token sent at tick k (due at k * period on the monotonic clock) has
+id k % vocab-size, so a client on the same host can tell how late each token arrived.
 
     python bench/fake_workers.py --role decode --port 50053 --interval-ms 20
 """
@@ -25,26 +28,30 @@ LENGTH = worker_pb2.WORKER_FINISH_LENGTH
 
 
 class Clock:
-    """One asyncio task that wakes at k * interval (monotonic) and hands tick k to every subscriber."""
+    """One asyncio task that wakes at k * interval (monotonic) and hands tick k to the subscribers
+    of slot k % slots (every subscriber when slots is 1)."""
 
-    def __init__(self, interval: float) -> None:
-        self.interval = interval
-        self.subscribers: set[asyncio.Queue[int]] = set()
+    def __init__(self, interval: float, slots: int = 1) -> None:
+        self.interval, self.slots = interval, slots
+        self.subscribers: dict[asyncio.Queue[int], int] = {}
         self.task: asyncio.Task[None] | None = None
+        self.joined = 0
 
     def subscribe(self) -> asyncio.Queue[int]:
         if self.task is None:
             self.task = asyncio.create_task(self._tick())
         q: asyncio.Queue[int] = asyncio.Queue()
-        self.subscribers.add(q)
+        self.subscribers[q] = self.joined % self.slots
+        self.joined += 1
         return q
 
     async def _tick(self) -> None:
         k = math.floor(time.monotonic() / self.interval) + 1
         while True:
             await asyncio.sleep(max(0.0, k * self.interval - time.monotonic()))
-            for q in list(self.subscribers):
-                q.put_nowait(k)
+            for q, slot in list(self.subscribers.items()):
+                if slot == k % self.slots:
+                    q.put_nowait(k)
             k = max(k + 1, math.floor(time.monotonic() / self.interval) + 1)  # skip ticks we slept through
 
 
@@ -101,7 +108,7 @@ class FakeDecode(worker_pb2_grpc.DecodeWorkerServicer):
                 finish = LENGTH if i == count - 1 else worker_pb2.WORKER_FINISH_NONE
                 yield worker_pb2.TokenBatch(token_ids=[tick % self.vocab], finish=finish)
         finally:
-            self.clock.subscribers.discard(q)
+            self.clock.subscribers.pop(q, None)
             self.running -= 1
 
     async def Abort(self, request, context) -> worker_pb2.AbortResponse:
@@ -113,7 +120,7 @@ class FakeDecode(worker_pb2_grpc.DecodeWorkerServicer):
 
 async def amain(args: argparse.Namespace) -> None:
     """Serve the fake role on host:port until SIGTERM."""
-    clock = Clock(args.interval_ms / 1000.0)
+    clock = Clock(args.interval_ms / 1000.0 / args.slots, args.slots)
     server = serving.new_server()
     if args.role == "prefill":
         worker_pb2_grpc.add_PrefillWorkerServicer_to_server(FakePrefill(clock, args.vocab_size), server)
@@ -131,6 +138,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--interval-ms", type=float, default=20.0, help="decode emits one token per stream per tick")
+    p.add_argument("--slots", type=int, default=1, help="spread streams over this many tick phases")
     p.add_argument("--vocab-size", type=int, default=49152)
     args = p.parse_args(argv)
     asyncio.run(amain(args))

@@ -43,8 +43,8 @@ VOCAB = 49152  # fake_workers' default: token id = tick % VOCAB
 class Timed:
     """Shared bookkeeping: ITL as `pdserve bench` measures it, plus the lateness of each decode token."""
 
-    def __init__(self, interval: float) -> None:
-        self.interval = interval
+    def __init__(self, interval: float, slots: int = 1) -> None:
+        self.interval, self.period = interval, interval / slots  # token ids count ticks of period
         self.lateness: list[tuple[float, float]] = []  # (arrival, seconds late)
         self.spans: list[tuple[float, float]] = []  # (first token arrival, end) per stream
         self.gaps: list[tuple[float, float]] = []  # (arrival, gap) between two decode tokens
@@ -53,9 +53,9 @@ class Timed:
         self.lateness, self.spans, self.gaps = [], [], []
 
     def late(self, arrival: float, token: int) -> float:
-        base = math.floor(arrival / self.interval)
+        base = math.floor(arrival / self.period)
         k = base - ((base - token) % VOCAB)
-        return arrival - k * self.interval
+        return arrival - k * self.period
 
     def chunk(self, out: RequestOutput, ids: list[int], now: float, last: float) -> None:
         if out.ttft == 0.0:
@@ -76,8 +76,8 @@ class Timed:
 class ViaGateway(Timed):
     """The client as `pdserve bench` runs it, through the real gateway."""
 
-    def __init__(self, address: str, interval: float) -> None:
-        super().__init__(interval)
+    def __init__(self, address: str, interval: float, slots: int = 1) -> None:
+        super().__init__(interval, slots)
         self.client = AsyncClient(address)
 
     async def send(self, req: BenchRequest) -> RequestOutput:
@@ -105,8 +105,8 @@ class ViaGateway(Timed):
 class Direct(Timed):
     """Baseline: the same client does the gateway's Reserve, Prefill, Decode calls itself."""
 
-    def __init__(self, prefill: str, decode: str, interval: float) -> None:
-        super().__init__(interval)
+    def __init__(self, prefill: str, decode: str, interval: float, slots: int = 1) -> None:
+        super().__init__(interval, slots)
         self.channels = [grpc.aio.insecure_channel(a, options=GRPC_OPTIONS) for a in (prefill, decode)]
         self.prefill = worker_pb2_grpc.PrefillWorkerStub(self.channels[0])
         self.decode = worker_pb2_grpc.DecodeWorkerStub(self.channels[1])
@@ -178,10 +178,10 @@ async def experiment(args: argparse.Namespace, stack: FakeStack) -> dict[str, An
     """Baseline (direct) and gateway runs at --streams, then the gateway at --errors-at."""
     interval = args.interval_ms / 1000.0
     w = stack.workers
-    direct = await measure(Direct(w["fake-prefill"], w["fake-decode"], interval), args.streams,
+    direct = await measure(Direct(w["fake-prefill"], w["fake-decode"], interval, args.slots), args.streams,
                            args.output_len, args.input_len)
-    gateway = await measure(ViaGateway(stack.gateway, interval), args.streams, args.output_len, args.input_len)
-    big = (await measure(ViaGateway(stack.gateway, interval), args.errors_at, args.output_len, args.input_len)
+    gateway = await measure(ViaGateway(stack.gateway, interval, args.slots), args.streams, args.output_len, args.input_len)
+    big = (await measure(ViaGateway(stack.gateway, interval, args.slots), args.errors_at, args.output_len, args.input_len)
            if args.errors_at else {"errors": None})
     added = {k: gateway["lateness_steady_ms"][k] - direct["lateness_steady_ms"][k] for k in ("median", "p99")}
     return {"direct": direct, "gateway": gateway, f"gateway_{args.errors_at}": big,
@@ -199,15 +199,16 @@ def main() -> None:
     p.add_argument("--streams", type=int, default=500)
     p.add_argument("--errors-at", type=int, default=1000)
     p.add_argument("--interval-ms", type=float, default=50.0)
+    p.add_argument("--slots", type=int, default=1, help="fake decode: spread streams over N tick phases")
     p.add_argument("--output-len", type=int, default=200)
     p.add_argument("--input-len", type=int, default=64)
     p.add_argument("--out", default=None, help="default bench/results/gateway-overhead-cpu-<date>.json")
     args = p.parse_args()
-    with FakeStack(interval_ms=args.interval_ms) as stack:
+    with FakeStack(interval_ms=args.interval_ms, slots=args.slots) as stack:
         doc = asyncio.run(experiment(args, stack))
         doc["log_tails"] = {name: proc.lines[-10:] for name, proc in stack.procs.items()}
     head = {"date": time.strftime("%Y-%m-%d"), "commit": _commit(), "cpus": os.cpu_count(),
-            "interval_ms": args.interval_ms, "note": "CPU-only: fake workers, real gateway and client share this host"}
+            "interval_ms": args.interval_ms, "slots": args.slots, "streams": args.streams, "note": "CPU-only: fake workers, real gateway and client share this host"}
     doc = {**head, **doc}
     out = Path(args.out or Path(__file__).parent / "results" / f"gateway-overhead-cpu-{head['date']}.json")
     report.save_json(out, doc)
