@@ -37,7 +37,8 @@ async def amain(args: argparse.Namespace) -> None:
     engine = DecodeEngine(loop, receiver, built.spec.eos_token_ids, args.lease_ms / 1000)
     address = f"{args.host}:{args.port}"
     server = serving.new_server()
-    servicer = DecodeServicer(engine, built.runner.layout, address, args.kv_transfer, built.model_name, args.role)
+    kv_address = f"{args.advertise_host or args.host}:{args.port}"  # where prefill workers send KV
+    servicer = DecodeServicer(engine, built.runner.layout, kv_address, args.kv_transfer, built.model_name, args.role)
     worker_pb2_grpc.add_DecodeWorkerServicer_to_server(servicer, server)
     from pdserve.metrics import serve_worker
 

@@ -46,6 +46,8 @@ def add_worker_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode")
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--kv-transfer", default="tcp", choices=["tcp", "cuda_ipc", "nccl"])
+    p.add_argument("--advertise-host", default=None,
+                   help="host other workers use to reach this one (default --host; set it when binding 0.0.0.0)")
     p.add_argument("--seed", type=int, default=0)
 
 
