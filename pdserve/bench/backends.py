@@ -1,5 +1,5 @@
-"""How one benchmark request is sent and timed: over gRPC to the gateway (the OpenAI HTTP face is
-not built yet)."""
+"""How one benchmark request is sent and timed: over gRPC to the gateway, or (http_backend.py)
+over OpenAI-style HTTP/SSE, which the gateway does not serve yet."""
 
 from __future__ import annotations
 
@@ -81,10 +81,11 @@ def _finish(out: RequestOutput, done: gateway_pb2.Complete | None) -> RequestOut
 
 
 def make_backend(name: str, address: str, model: str = "", timeout: float | None = None) -> Backend:
-    """The backend called name; openai-http is refused until the gateway has an HTTP face."""
+    """The backend called name (address is host:port for both)."""
     if name == "grpc":
         return GrpcBackend(address, model, timeout)
     if name == "openai-http":
-        raise SystemExit("pdserve bench: --backend openai-http: the OpenAI HTTP face is not built yet "
-                         "(see the open issue); use --backend grpc against the gateway's gRPC port")
+        from pdserve.bench.http_backend import OpenAIHttpBackend
+
+        return OpenAIHttpBackend(address, model, timeout)
     raise SystemExit(f"pdserve bench: unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
