@@ -80,6 +80,15 @@ class DecodeEngine:
                 raise ValueError(f"request {request_id} already exists")
         self.loop.submit(Sequence(request_id, list(prompt), params, self.eos_ids), sink)
 
+    def renew(self, request_id: str) -> bool:
+        """Push a reservation's deadline a full lease ahead (its prefill is still on the way)."""
+        with self.loop.lock:
+            res = self._reserved.get(request_id)
+            if res is None:
+                return False
+            res.deadline = time.monotonic() + self.lease_s
+        return True
+
     def abort(self, request_id: str) -> bool:
         if self._release(request_id):
             return True

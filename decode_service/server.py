@@ -56,6 +56,9 @@ class DecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
             num_tokens=request.num_tokens,
         )
 
+    async def Renew(self, request: worker_pb2.RenewRequest, context: grpc.aio.ServicerContext) -> worker_pb2.RenewResponse:
+        return worker_pb2.RenewResponse(found=self.engine.renew(request.request_id))
+
     async def Decode(self, request: worker_pb2.DecodeRequest, context: grpc.aio.ServicerContext):
         rid = request.request_id
         try:

@@ -7,6 +7,7 @@ worker it touched, so no block outlives it. In colocated mode one worker does al
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -66,9 +67,9 @@ async def _disaggregated(job: Job, router: Router, timeout: float | None) -> Tok
         with tracer().start_as_current_span("decode.reserve", attributes={"pdserve.num_tokens": len(job.prompt)}):
             target = await decode.stub.Reserve(
                 worker_pb2.ReserveRequest(request_id=rid, num_tokens=len(job.prompt)), timeout=timeout)
-        first = await prefill.stub.Prefill(
-            worker_pb2.PrefillRequest(request_id=rid, prompt_token_ids=job.prompt, sampling=job.sampling,
-                                      target=target), timeout=timeout)
+        first = await _prefill(prefill, decode, worker_pb2.PrefillRequest(
+            request_id=rid, prompt_token_ids=job.prompt, sampling=job.sampling, target=target),
+            target.lease_ms / 1000, timeout)
         prefill.inflight -= 1
         prefilled = True
         finish = job.first_token_finishes(first.first_token)
@@ -94,6 +95,22 @@ async def _disaggregated(job: Job, router: Router, timeout: float | None) -> Tok
         if not done:
             await _abort(prefill, rid)
             await _abort(decode, rid)
+
+
+async def _prefill(prefill: Worker, decode: Worker, req: worker_pb2.PrefillRequest, lease_s: float,
+                   timeout: float | None) -> worker_pb2.PrefillResponse:
+    """Prefill, renewing the decode reservation while the prompt waits in the prefill queue."""
+    call = prefill.stub.Prefill(req, timeout=timeout)
+    task = asyncio.ensure_future(call)
+    try:
+        while True:
+            finished, _ = await asyncio.wait({task}, timeout=max(lease_s / 3, 0.05))
+            if finished:
+                return task.result()
+            with contextlib.suppress(grpc.RpcError):
+                await decode.stub.Renew(worker_pb2.RenewRequest(request_id=req.request_id), timeout=2.0)
+    finally:
+        call.cancel()
 
 
 async def _abort(worker: Worker, rid: str) -> None:

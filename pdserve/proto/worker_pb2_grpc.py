@@ -197,6 +197,11 @@ class DecodeWorkerStub:
                 request_serializer=pdserve_dot_v1_dot_worker__pb2.ReserveRequest.SerializeToString,
                 response_deserializer=pdserve_dot_v1_dot_worker__pb2.KvTarget.FromString,
                 _registered_method=True)
+        self.Renew = channel.unary_unary(
+                '/pdserve.v1.DecodeWorker/Renew',
+                request_serializer=pdserve_dot_v1_dot_worker__pb2.RenewRequest.SerializeToString,
+                response_deserializer=pdserve_dot_v1_dot_worker__pb2.RenewResponse.FromString,
+                _registered_method=True)
         self.Decode = channel.unary_stream(
                 '/pdserve.v1.DecodeWorker/Decode',
                 request_serializer=pdserve_dot_v1_dot_worker__pb2.DecodeRequest.SerializeToString,
@@ -223,6 +228,12 @@ class DecodeWorkerServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Reserve(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Renew(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -260,6 +271,11 @@ def add_DecodeWorkerServicer_to_server(servicer, server):
                     servicer.Reserve,
                     request_deserializer=pdserve_dot_v1_dot_worker__pb2.ReserveRequest.FromString,
                     response_serializer=pdserve_dot_v1_dot_worker__pb2.KvTarget.SerializeToString,
+            ),
+            'Renew': grpc.unary_unary_rpc_method_handler(
+                    servicer.Renew,
+                    request_deserializer=pdserve_dot_v1_dot_worker__pb2.RenewRequest.FromString,
+                    response_serializer=pdserve_dot_v1_dot_worker__pb2.RenewResponse.SerializeToString,
             ),
             'Decode': grpc.unary_stream_rpc_method_handler(
                     servicer.Decode,
@@ -309,6 +325,33 @@ class DecodeWorker:
             '/pdserve.v1.DecodeWorker/Reserve',
             pdserve_dot_v1_dot_worker__pb2.ReserveRequest.SerializeToString,
             pdserve_dot_v1_dot_worker__pb2.KvTarget.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Renew(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pdserve.v1.DecodeWorker/Renew',
+            pdserve_dot_v1_dot_worker__pb2.RenewRequest.SerializeToString,
+            pdserve_dot_v1_dot_worker__pb2.RenewResponse.FromString,
             options,
             channel_credentials,
             insecure,

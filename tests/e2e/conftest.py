@@ -10,7 +10,7 @@ from pdtest.stack import assert_no_leaks
 def stack(default_model_dir):
     """gateway + prefill + decode as three real processes, KV over tcp."""
     with Stack(model=str(default_model_dir), worker_args=["--max-model-len", "1024"],
-               gateway_args=["--max-model-len", "1024"]) as st:
+               gateway_args=["--max-model-len", "1024"], decode_args=["--lease-ms", "2000"]) as st:
         yield st
 
 

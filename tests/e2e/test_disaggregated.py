@@ -105,3 +105,27 @@ def test_client_cancel_frees_blocks(stack, client):
             call.cancel()
             break
     # the client fixture's leak check runs at teardown
+
+
+def test_reservation_lease_expires_unless_renewed(stack):
+    import time
+
+    from pdserve.proto import worker_pb2, worker_pb2_grpc
+    from pdtest.stack import pool_stats
+
+    address = stack.procs["decode"].address
+    total = pool_stats(address, "decode").total_blocks
+    with grpc.insecure_channel(address) as ch:
+        stub = worker_pb2_grpc.DecodeWorkerStub(ch)
+        target = stub.Reserve(worker_pb2.ReserveRequest(request_id="lease-a", num_tokens=40), timeout=5)
+        assert len(target.block_ids) == 3 and target.lease_ms == 2000
+        assert pool_stats(address, "decode").free_blocks == total - 3
+        for _ in range(3):  # 3 s of renewals keep a 2 s lease alive
+            time.sleep(1.0)
+            assert stub.Renew(worker_pb2.RenewRequest(request_id="lease-a"), timeout=5).found
+        assert pool_stats(address, "decode").free_blocks == total - 3
+        deadline = time.monotonic() + 4.0  # no renewal: freed within the lease (+ reaper period)
+        while pool_stats(address, "decode").free_blocks != total:
+            assert time.monotonic() < deadline, "reservation not freed after its lease"
+            time.sleep(0.1)
+        assert not stub.Renew(worker_pb2.RenewRequest(request_id="lease-a"), timeout=5).found

@@ -21,8 +21,9 @@ pytestmark = pytest.mark.slow
 
 WORKER = ["--max-model-len", "512", "--num-blocks", "400"]
 GATEWAY = ["--max-model-len", "512"]
-# 32 prompts queued on one CPU prefill worker can take longer than the default 10 s lease.
-LEASE = ["--lease-ms", "120000"]
+# 32 prompts queued on one CPU prefill worker wait far longer than this lease: the gateway's
+# renewals must keep their reservations alive.
+LEASE = ["--lease-ms", "2000"]
 TEXT = ("The history of the city begins with a small fishing village on the river bank. Over the "
         "centuries merchants, scholars and craftsmen arrived from every direction, bringing new "
         "languages, foods and ideas. Bridges were built, markets grew, and the old walls were "
