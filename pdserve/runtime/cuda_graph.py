@@ -4,11 +4,13 @@ One graph per captured batch size, all reading one static int32 device buffer la
 [ids | positions | slots | seq_lens] (M entries each, M the largest size) followed by block
 tables [M, W], W = ceil(max_model_len / block_size). A step of n sequences pads to the next
 captured size P: padded rows have slot -1 (the Triton KV write skips it), seq_len 1 and a
-table row of block 0, so they write nothing and read one harmless token. The step's values
-are written into a pinned mirror of that buffer and copied with one non-blocking H2D copy;
-only table columns the batch needs are refreshed (the rest keep old, valid block ids, which
-seq_lens never lets the kernel reach). The decode kernel's split-K partition count derives
-from W, a constant, so the captured launch grid is valid for every replay.
+table row left from an earlier step (valid block ids), so they write nothing and read one
+harmless token. The step's values are written into a pinned mirror of that buffer and copied
+with one non-blocking H2D copy; a table row is rewritten only when its (request, table)
+changed (columns past a row's table keep old valid ids, which seq_lens never lets the kernel
+reach). The decode kernel's split-K partition count derives from W, a constant, so the
+captured launch grid is valid for every replay. With capture=False (CPU tests) the buffers
+work the same and `forward` runs eagerly.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 
 from pdserve.core.step_io import SeqSlice
 from pdserve.model.llama import AttnMetadata, LlamaModel
+from pdserve.runtime.staging import int32_tensor
 
 _SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
@@ -52,13 +55,13 @@ class DecodeRows:
     width: int
 
 
-def decode_rows(seqs: tuple[SeqSlice, ...], block_size: int, padded: int) -> DecodeRows:
-    """Flat host lists for a decode batch (one new token per slice) padded to `padded` rows."""
+def decode_vectors(seqs: tuple[SeqSlice, ...], block_size: int, padded: int) -> list[int]:
+    """ids, positions, slots, seq_lens of a decode batch (one new token per slice), each padded
+    to `padded` entries (padding: id 0, position 0, slot -1, seq_len 1), concatenated."""
     bs, n = block_size, len(seqs)
     if not 0 < n <= padded:
         raise ValueError(f"{n} sequences do not fit a batch of {padded}")
-    width = max(1, max(-(-s.end_pos // bs) for s in seqs))
-    ids, pos, slots, lens, tables = [], [], [], [], []
+    ids, pos, slots, lens = [], [], [], []
     for s in seqs:
         if len(s.token_ids) != 1:
             raise ValueError(f"{s.request_id}: a decode slice has exactly one token")
@@ -67,17 +70,22 @@ def decode_rows(seqs: tuple[SeqSlice, ...], block_size: int, padded: int) -> Dec
         pos.append(p)
         slots.append(bt[p // bs] * bs + p % bs)
         lens.append(p + 1)
+    pad = padded - n
+    return ids + [0] * pad + pos + [0] * pad + slots + [-1] * pad + lens + [1] * pad
+
+
+def decode_rows(seqs: tuple[SeqSlice, ...], block_size: int, padded: int) -> DecodeRows:
+    """decode_vectors plus block tables as wide as the batch needs (padding rows: block 0)."""
+    vectors = decode_vectors(seqs, block_size, padded)
+    width = max(1, max(-(-s.end_pos // block_size) for s in seqs))
+    tables: list[int] = []
+    for s in seqs:
+        bt = s.block_table
         tables.extend(bt[:width])
         if len(bt) < width:
             tables.extend([0] * (width - len(bt)))
-    pad = padded - n
-    if pad:
-        ids.extend([0] * pad)
-        pos.extend([0] * pad)
-        slots.extend([-1] * pad)
-        lens.extend([1] * pad)
-        tables.extend([0] * (pad * width))
-    return DecodeRows(ids + pos + slots + lens, tables, padded, width)
+    tables.extend([0] * ((padded - len(seqs)) * width))
+    return DecodeRows(vectors, tables, padded, width)
 
 
 class DecodeGraphs:
@@ -85,24 +93,28 @@ class DecodeGraphs:
 
     def __init__(
         self, model: LlamaModel, kv_pool: torch.Tensor, *, block_size: int, max_model_len: int,
-        max_num_seqs: int,
+        max_num_seqs: int, capture: bool = True,
     ) -> None:
         self.model, self.kv_pool, self.block_size = model, kv_pool, block_size
+        self.num_blocks = kv_pool.shape[2]
         self.sizes = capture_sizes(max_num_seqs)
         self.max_batch = m = self.sizes[-1]
         self.width = -(-max_model_len // block_size)
         dev = kv_pool.device
         n = 4 * m + m * self.width
-        host = torch.zeros(n, dtype=torch.int32, pin_memory=True)
+        cuda = dev.type == "cuda"
+        host = torch.zeros(n, dtype=torch.int32, pin_memory=cuda)
         host[2 * m : 3 * m] = -1  # slots: padding writes nowhere
         host[3 * m : 4 * m] = 1  # seq_lens: padding reads one token
         self._host = host
-        self._static = host.to(dev)
+        self._static = host.to(dev) if cuda else host  # CPU: the mirror is the buffer
         self._qsl = torch.arange(m + 1, dtype=torch.int32, device=dev)
-        self._event = torch.cuda.Event()
+        self._event = torch.cuda.Event() if cuda else None
+        self._rows: list[tuple[str, tuple[int, ...]] | None] = [None] * m  # mirror row owners
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._logits: dict[int, torch.Tensor] = {}
-        self._capture_all()
+        if capture:
+            self._capture_all()
 
     def fits(self, seqs: tuple[SeqSlice, ...]) -> bool:
         """A pure-decode batch small enough, whose tables fit the static width."""
@@ -119,23 +131,35 @@ class DecodeGraphs:
         return self._logits[padded][: len(seqs)]
 
     def stage(self, seqs: tuple[SeqSlice, ...]) -> int:
-        """Queue the batch's inputs into the static buffer; returns the padded batch size."""
+        """Queue the batch's inputs into the static buffer; returns the padded batch size.
+
+        Only table rows whose (request, table) changed since the last step are rewritten in
+        the pinned mirror (a table grows one block every block_size steps). ValueError, with
+        nothing queued, if a new row holds a block id outside the pool.
+        """
         padded = padded_size(len(seqs), self.sizes)
         assert padded is not None, f"{len(seqs)} sequences exceed the captured {self.max_batch}"
-        self._write(decode_rows(seqs, self.block_size, padded))
+        vec = int32_tensor(decode_vectors(seqs, self.block_size, padded)).view(4, padded)
+        owners, keys = self._rows, [(s.request_id, s.block_table) for s in seqs]
+        changed = [i for i, k in enumerate(keys) if owners[i] != k]
+        for i in changed:
+            bt = seqs[i].block_table[: self.width]
+            if bt and (min(bt) < 0 or max(bt) >= self.num_blocks):
+                raise ValueError(f"{seqs[i].request_id}: block id outside the pool [0, {self.num_blocks})")
+        m, big_w = self.max_batch, self.width
+        if self._event is not None:
+            self._event.synchronize()  # the previous copy out of the mirror has finished
+        self._host[: 4 * m].view(4, m)[:, :padded] = vec
+        tables = self._host[4 * m :].view(m, big_w)
+        for i in changed:
+            bt = keys[i][1][:big_w]
+            tables[i, : len(bt)] = int32_tensor(bt)
+            owners[i] = keys[i]
+        if self._event is not None:
+            end = 4 * m + padded * big_w
+            self._static[:end].copy_(self._host[:end], non_blocking=True)
+            self._event.record()
         return padded
-
-    def _write(self, rows: DecodeRows) -> None:
-        """Write rows into the pinned mirror and queue one H2D copy of what changed."""
-        m, p, w, big_w = self.max_batch, rows.padded, rows.width, self.width
-        self._event.synchronize()  # the previous copy out of the mirror has finished
-        vec = torch.tensor(rows.vectors, dtype=torch.int32).view(4, p)
-        self._host[: 4 * m].view(4, m)[:, :p] = vec
-        tab = torch.tensor(rows.tables, dtype=torch.int32).view(p, w)
-        self._host[4 * m :].view(m, big_w)[:p, :w] = tab
-        end = 4 * m + p * big_w
-        self._static[:end].copy_(self._host[:end], non_blocking=True)
-        self._event.record()
 
     def _meta(self, b: int) -> AttnMetadata:
         m, s = self.max_batch, self._static
@@ -147,7 +171,8 @@ class DecodeGraphs:
             is_decode=True,
         )
 
-    def _forward(self, b: int) -> torch.Tensor:
+    def forward(self, b: int) -> torch.Tensor:
+        """float32 logits [b, V] of the first b rows of the static buffers (what a graph holds)."""
         m, s = self.max_batch, self._static
         hidden = self.model.forward(s[:b], s[m : m + b], self._meta(b), self.kv_pool)
         return self.model.compute_logits(hidden)
@@ -157,10 +182,10 @@ class DecodeGraphs:
         """Largest first, all in one memory pool (replays never overlap)."""
         pool = torch.cuda.graph_pool_handle()
         for b in reversed(self.sizes):
-            self._forward(b)  # warm-up: Triton compiles and autotunes outside the capture
+            self.forward(b)  # warm-up: Triton compiles and autotunes outside the capture
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self._logits[b] = self._forward(b)
+                self._logits[b] = self.forward(b)
             self._graphs[b] = graph
         torch.cuda.synchronize()

@@ -16,7 +16,7 @@ from pdserve.model.spec import ModelSpec
 from pdserve.runtime.cuda_graph import DecodeGraphs
 from pdserve.runtime.kv_cache import allocate_kv_pool, kv_layout
 from pdserve.runtime.sampler import sample_tokens
-from pdserve.runtime.staging import HostStager, flat_slot_mapping
+from pdserve.runtime.staging import HostStager, check_block_ids, flat_slot_mapping
 
 
 def default_ops(device: str | torch.device) -> ModuleType:
@@ -109,26 +109,27 @@ class ModelRunner:
         return self.graphs is not None and self.graphs.fits(step.seqs)
 
     def _validate(self, s: SeqSlice) -> None:
-        if not s.token_ids:
+        """Scalar checks of one slice; block ids are checked in bulk when the tables are built."""
+        toks, start = s.token_ids, s.start_pos
+        if not toks:
             raise ValueError(f"{s.request_id}: slice has no tokens")
-        if s.start_pos < 0 or s.end_pos > self.max_model_len:
+        end = start + len(toks)
+        if start < 0 or end > self.max_model_len:
             raise ValueError(
-                f"{s.request_id}: positions {s.start_pos}..{s.end_pos - 1} outside "
-                f"[0, {self.max_model_len})"
+                f"{s.request_id}: positions {start}..{end - 1} outside [0, {self.max_model_len})"
             )
         window = self.spec.sliding_window
-        if window is not None and s.end_pos > window:
+        if window is not None and end > window:
             # The reference attention has no window: refuse rather than compute it wrongly.
-            raise ValueError(f"{s.request_id}: {s.end_pos} tokens exceed the sliding window {window}")
-        need = -(-s.end_pos // self.block_size)
+            raise ValueError(f"{s.request_id}: {end} tokens exceed the sliding window {window}")
+        need = -(-end // self.block_size)
         if len(s.block_table) < need:
             raise ValueError(
                 f"{s.request_id}: block table has {len(s.block_table)} blocks, positions up to "
-                f"{s.end_pos - 1} need {need}"
+                f"{end - 1} need {need}"
             )
-        if min(s.block_table[:need]) < 0 or max(s.block_table[:need]) >= self.num_blocks:
-            raise ValueError(f"{s.request_id}: block id outside the pool [0, {self.num_blocks})")
-        if min(s.token_ids) < 0 or max(s.token_ids) >= self.spec.vocab_size:
+        lo, hi = (toks[0], toks[0]) if len(toks) == 1 else (min(toks), max(toks))
+        if lo < 0 or hi >= self.spec.vocab_size:
             raise ValueError(f"{s.request_id}: token id outside the vocabulary")
 
     def _prepare(self, seqs: tuple[SeqSlice, ...]) -> tuple[torch.Tensor, torch.Tensor, AttnMetadata]:
@@ -150,9 +151,10 @@ class ModelRunner:
                 tables.extend([0] * (width - len(s.block_table)))
         lens = [s.end_pos for s in seqs]
         sample_idx = [qsl[i + 1] - 1 for i, s in enumerate(seqs) if s.sample]
-        ids_t, pos_t, slots_t, qsl_t, bt_t, lens_t, idx_t = self._stager.upload(
+        (ids_t, pos_t, slots_t, qsl_t, bt_t, lens_t, idx_t), host = self._stager.upload(
             [ids, pos, slots, qsl, tables, lens, sample_idx]
         )
+        check_block_ids(host[4], seqs, self.num_blocks, bs)
         meta = AttnMetadata(
             slot_mapping=slots_t,
             block_tables=bt_t.view(len(seqs), width),

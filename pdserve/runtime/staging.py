@@ -8,8 +8,35 @@ for the forward pass queued behind it). On CPU the values are just wrapped in a 
 from __future__ import annotations
 
 import itertools
+from array import array
+from collections.abc import Sequence
 
 import torch
+
+from pdserve.core.step_io import SeqSlice
+
+
+def int32_tensor(values: Sequence[int]) -> torch.Tensor:
+    """A CPU int32 tensor of a flat int list (array.array is ~4x faster than torch.tensor)."""
+    if not values:
+        return torch.empty(0, dtype=torch.int32)
+    return torch.frombuffer(array("i", values), dtype=torch.int32)
+
+
+def check_block_ids(tables: torch.Tensor, seqs: Sequence[SeqSlice], num_blocks: int, bs: int) -> None:
+    """One min/max over a step's flat host tables; on a hit, name the slice (ValueError).
+
+    Only blocks a slice needs count: an id past its last needed block is never read.
+    """
+    if tables.numel() == 0:
+        return
+    lo, hi = tables.aminmax()
+    if int(lo) >= 0 and int(hi) < num_blocks:
+        return
+    for s in seqs:
+        used = s.block_table[: -(-s.end_pos // bs)]
+        if used and (min(used) < 0 or max(used) >= num_blocks):
+            raise ValueError(f"{s.request_id}: block id outside the pool [0, {num_blocks})")
 
 
 def flat_slot_mapping(block_table: tuple[int, ...] | list[int], start: int, end: int, bs: int) -> list[int]:
@@ -49,10 +76,10 @@ class HostStager:
             self._event = torch.cuda.Event()
         self._event.record()
 
-    def upload(self, parts: list[list[int]]) -> list[torch.Tensor]:
-        """Device int32 tensors, one per list, built from one torch.tensor call."""
+    def upload(self, parts: list[list[int]]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """int32 tensors, one per list, built in one go: (device views, host views)."""
         flat = list(itertools.chain.from_iterable(parts)) if len(parts) > 1 else parts[0]
-        host = torch.tensor(flat, dtype=torch.int32)
+        host = int32_tensor(flat)
         if self._cuda:
             buf = self.host_buffer(host.numel())[: host.numel()]
             buf.copy_(host)
@@ -60,8 +87,9 @@ class HostStager:
             self.copied()
         else:
             dev = host
-        out, at = [], 0
+        out, views, at = [], [], 0
         for p in parts:
             out.append(dev[at : at + len(p)])
+            views.append(host[at : at + len(p)])
             at += len(p)
-        return out
+        return out, views

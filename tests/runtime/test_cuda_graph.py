@@ -52,6 +52,39 @@ def test_flat_slot_mapping_crosses_blocks() -> None:
     assert flat_slot_mapping((5,), 0, 0, 4) == []
 
 
+def test_static_buffers_match_eager_across_steps() -> None:
+    """DecodeGraphs' buffers without capture (CPU, reference ops): real rows' logits equal the
+    eager step's, step after step, while rows move, tables grow and a request gets new blocks."""
+    from pdserve.model.spec import ModelSpec
+    from pdserve.runtime.cuda_graph import DecodeGraphs
+    from pdserve.runtime.runner import ModelRunner
+
+    spec = ModelSpec.from_config_dict(dict(
+        model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, vocab_size=300, max_position_embeddings=256,
+    ))
+    r = ModelRunner(spec, None, num_blocks=41, block_size=4, load_format="dummy")  # block 40: padding
+    r.kv_pool.normal_()
+    g = DecodeGraphs(r.model, r.kv_pool, block_size=4, max_model_len=64, max_num_seqs=8, capture=False)
+    a, b, c = (SeqSlice("a", (5,), 9, (1, 2, 3), GREEDY), SeqSlice("b", (7,), 0, (4,), GREEDY),
+               SeqSlice("c", (9,), 20, tuple(range(10, 16)), GREEDY))
+    steps = [(a, b, c), (b, a), (SeqSlice("a", (6,), 12, (1, 2, 3, 17), GREEDY), c, b),
+             (SeqSlice("b", (8,), 1, (30, 31), GREEDY),), (a, b, c, SeqSlice("d", (3,), 2, (5,), GREEDY))]
+    pool0 = r.kv_pool.clone()
+    with torch.inference_mode():
+        for seqs in steps:
+            r.kv_pool.copy_(pool0)
+            padded = g.stage(seqs)
+            got = g.forward(padded)[: len(seqs)]
+            r.kv_pool.copy_(pool0)
+            ids, pos, meta = r._prepare(seqs)
+            want = r.model.compute_logits(r.model.forward(ids, pos, meta, r.kv_pool))
+            assert padded == padded_size(len(seqs), g.sizes)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="outside the pool"):
+        g.stage((SeqSlice("e", (1,), 0, (41,), GREEDY),))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["llama3_rope", "qwen3"])
 def test_graph_decode_equals_eager(kind, tiny_model) -> None:  # noqa: F811 (fixture)
