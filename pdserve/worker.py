@@ -100,7 +100,10 @@ def _num_blocks(args: argparse.Namespace, spec: ModelSpec, dtype: torch.dtype, d
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         weights = _weight_bytes(spec, dtype)
-        budget = int(total * args.gpu_memory_utilization) - (total - free) - weights - (2 << 30)
+        # --gpu-memory-utilization is this worker's share of the whole GPU (as in vLLM), so two
+        # workers can share one GPU at 0.45 each; never more than what is actually free.
+        own = int(total * args.gpu_memory_utilization) - weights - (2 << 30)
+        budget = min(own, free - weights - (1 << 30))
     else:
         budget = args.kv_cache_memory
     n = num_blocks_for_bytes(spec, args.block_size, dtype, budget)
