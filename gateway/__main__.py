@@ -1,10 +1,13 @@
-"""`python -m gateway` / `pdserve gateway`: the public gRPC front door."""
+"""`python -m gateway` / `pdserve gateway`: the public gRPC front door (and optional OpenAI HTTP)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import sys
+
+log = logging.getLogger("gateway")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -15,37 +18,74 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--prefill", default="", help="prefill workers, host:port,...")
     p.add_argument("--decode", default="", help="decode workers, host:port,...")
     p.add_argument("--colocated", default="", help="colocated workers (prefill + decode in one), host:port,...")
+    p.add_argument("--http-port", type=int, default=None, help="OpenAI-compatible HTTP port on --host (off when absent)")
+    p.add_argument("--max-queued-requests", type=int, default=None,
+                   help="requests waiting for their first token beyond which new ones get RESOURCE_EXHAUSTED / 429")
+    p.add_argument("--queue-wait", type=float, default=30.0,
+                   help="seconds a request waits for room in a full decode pool before RESOURCE_EXHAUSTED")
+    p.add_argument("--drain-timeout", type=float, default=30.0,
+                   help="seconds in-flight requests may take to finish after SIGTERM")
+    p.add_argument("--health-period", type=float, default=0.5, help="seconds between worker health/stats polls")
     return p
 
 
-async def amain(args: argparse.Namespace) -> None:
-    from grpc_reflection.v1alpha import reflection
-
+def build(args: argparse.Namespace):
+    """The Generation path and Router from the flags (model folder, tokenizer, worker lists)."""
+    from gateway.admission import Admission
+    from gateway.generation import Generation, ModelInfo
     from gateway.router import Router
-    from gateway.server import GatewayService, ModelInfo, add_to_server
     from gateway.tokenizer import load_tokenizer
-    from pdserve import metrics, serving
     from pdserve.model.prepare import resolve_model
     from pdserve.model.spec import ModelSpec
 
     model_dir = resolve_model(args.model)
     spec = ModelSpec.from_dir(model_dir)
-    tok = load_tokenizer(model_dir)
-    info = ModelInfo(args.served_model_name or model_dir.name, args.max_model_len,
-                     spec.vocab_size, spec.eos_token_ids)
+    info = ModelInfo(args.served_model_name or model_dir.name, args.max_model_len, spec.vocab_size,
+                     spec.eos_token_ids)
     split = lambda s: [a for a in s.split(",") if a]  # noqa: E731
     try:
         router = Router(split(args.prefill), split(args.decode), split(args.colocated))
     except ValueError as e:
         raise SystemExit(f"pdserve gateway: {e} (--prefill/--decode or --colocated)")
+    router.queue_wait_s = args.queue_wait
+    return Generation(info, load_tokenizer(model_dir), router, Admission(args.max_queued_requests)), router
+
+
+async def amain(args: argparse.Namespace) -> None:
+    from grpc_reflection.v1alpha import reflection
+
+    from gateway.health import Monitor
+    from gateway.openai_http import OpenAIServer
+    from gateway.server import GatewayService, add_to_server
+    from pdserve import metrics, serving
+
+    generation, router = build(args)
+    monitor = Monitor(router, period_s=args.health_period)
+    monitor.start()
     server = serving.new_server()
     gateway_metrics = metrics.GatewayMetrics()
     metrics.serve(args.metrics_port, gateway_metrics.registry, args.host)
-    add_to_server(GatewayService(info, tok, router, gateway_metrics), server)
+    add_to_server(GatewayService(generation, gateway_metrics), server)
+    http = OpenAIServer(generation, gateway_metrics)
     names = ["pdserve.v1.Gateway"]
     health = serving.add_health(server, names)
     reflection.enable_server_reflection([*names, "grpc.health.v1.Health", reflection.SERVICE_NAME], server)
-    await serving.serve(server, f"{args.host}:{args.port}", health, names, on_stop=router.close)
+
+    async def on_start() -> None:
+        if args.http_port is not None:
+            await http.start(args.host, args.http_port)
+
+    async def drain() -> None:
+        if not await generation.admission.drain(args.drain_timeout):
+            log.warning("drain timeout: %d requests still in flight", generation.admission.active)
+
+    async def on_stop() -> None:
+        await http.stop()
+        await monitor.stop()
+        await router.close()
+
+    await serving.serve(server, f"{args.host}:{args.port}", health, names, on_stop=on_stop,
+                        drain_seconds=1.0, on_start=on_start, drain=drain)
 
 
 def main(argv: list[str] | None = None) -> None:

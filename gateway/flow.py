@@ -1,25 +1,38 @@
-"""The whole path of one request across the workers: reserve, prefill, decode, abort.
+"""The whole path of one request across the workers: reserve, prefill, decode, abort, retry.
 
 Yields lists of new token ids, the last one with the worker's finish reason. Whatever ends
 the generator early (client cancel, deadline, stop string, error) aborts the request on every
-worker it touched, so no block outlives it. In colocated mode one worker does all of it.
+worker it touched, so no block outlives it. UNAVAILABLE from a worker before any token was
+yielded is retried once on other workers; after a token, it reaches the caller. A full decode
+pool (Reserve: RESOURCE_EXHAUSTED) sends the request to the next decode worker, then makes it
+wait (bounded by `Router.queue_wait_s` and its deadline). In colocated mode one worker does all.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import grpc
 
+from gateway.deadline import Deadline
+from gateway.errors import GatewayError
 from gateway.router import Router, Worker
 from pdserve.proto import worker_pb2
 from pdserve.telemetry import tracer
 
+log = logging.getLogger(__name__)
+
 WIRE_FINISH = {worker_pb2.WORKER_FINISH_STOP: "stop", worker_pb2.WORKER_FINISH_LENGTH: "length",
                worker_pb2.WORKER_FINISH_ABORT: "abort"}
+RESERVE_TIMEOUT_S = 10.0
+PREFILL_TIMEOUT_S = 300.0
+CONTROL_TIMEOUT_S = 2.0  # Abort, Renew
+FULL_RETRY_AFTER_MS = 1000
 
 
 @dataclass(frozen=True)
@@ -27,51 +40,66 @@ class Job:
     request_id: str
     prompt: list[int]
     sampling: worker_pb2.WorkerSampling
-    first_token_finishes: object  # callable(token) -> finish reason or None
+    first_token_finishes: Callable[[int], str | None]
 
 
 Tokens = AsyncIterator[tuple[list[int], str | None]]
+Attempt = Callable[[Job, Router, Deadline, list[Worker]], Tokens]
 
 
-def run(job: Job, router: Router, timeout: float | None) -> Tokens:
+def run(job: Job, router: Router, deadline: Deadline) -> Tokens:
     """The token stream of job: colocated when the router has colocated workers."""
-    return (_colocated if router.colocated else _disaggregated)(job, router, timeout)
+    return _with_retry(_colocated if router.colocated else _disaggregated, job, router, deadline)
 
 
-async def _colocated(job: Job, router: Router, timeout: float | None) -> Tokens:
-    worker, done = router.pick(router.colocated), False
+async def _with_retry(attempt: Attempt, job: Job, router: Router, deadline: Deadline) -> Tokens:
+    """attempt, and once more on other workers if it failed UNAVAILABLE before its first token."""
+    tried: list[Worker] = []
+    for n in range(2):
+        streamed = False
+        try:
+            async with contextlib.aclosing(attempt(job, router, deadline, tried)) as tokens:
+                async for item in tokens:
+                    streamed = True
+                    yield item
+            return
+        except grpc.aio.AioRpcError as e:
+            if streamed or n == 1 or e.code() != grpc.StatusCode.UNAVAILABLE:
+                raise
+            log.warning("request %s: %s; retrying on another worker", job.request_id, e.details())
+
+
+async def _colocated(job: Job, router: Router, deadline: Deadline, tried: list[Worker]) -> Tokens:
+    worker = await router.choose(lambda: router.pick(router.colocated, tuple(tried)))
+    tried.append(worker)
     worker.inflight += 1
+    done = False
     try:
         call = worker.stub.Generate(worker_pb2.GenerateWork(
-            request_id=job.request_id, prompt_token_ids=job.prompt, sampling=job.sampling), timeout=timeout)
-        async for batch in call:
-            finish = WIRE_FINISH.get(batch.finish)
-            done = finish is not None
-            yield list(batch.token_ids), finish
-            if done:
-                return
+            request_id=job.request_id, prompt_token_ids=job.prompt, sampling=job.sampling),
+            timeout=deadline.remaining())
+        async for item in _relay(call, worker, router):
+            done = item[1] is not None
+            yield item
     finally:
         worker.inflight -= 1
         if not done:
             await _abort(worker, job.request_id)
 
 
-async def _disaggregated(job: Job, router: Router, timeout: float | None) -> Tokens:
+async def _disaggregated(job: Job, router: Router, deadline: Deadline, tried: list[Worker]) -> Tokens:
+    rid, n = job.request_id, len(job.prompt)
     with tracer().start_as_current_span("router.select") as span:
-        decode, prefill = router.pick(router.decode), router.pick(router.prefill)
-        span.set_attributes({"pdserve.decode.address": decode.address, "pdserve.prefill.address": prefill.address})
-    rid, done, prefilled = job.request_id, False, False
+        prefill = await router.choose(lambda: router.pick_prefill(job.prompt, tuple(tried)))
+        span.set_attribute("pdserve.prefill.address", prefill.address)
+    decode, target = await _reserve(job, router, deadline, tried)
+    tried.extend((prefill, decode))  # a retry after a failed prefill or transfer avoids both
+    done = False
     decode.inflight += 1
-    prefill.inflight += 1
     try:
-        with tracer().start_as_current_span("decode.reserve", attributes={"pdserve.num_tokens": len(job.prompt)}):
-            target = await decode.stub.Reserve(
-                worker_pb2.ReserveRequest(request_id=rid, num_tokens=len(job.prompt)), timeout=timeout)
         first = await _prefill(prefill, decode, worker_pb2.PrefillRequest(
             request_id=rid, prompt_token_ids=job.prompt, sampling=job.sampling, target=target),
-            target.lease_ms / 1000, timeout)
-        prefill.inflight -= 1
-        prefilled = True
+            target.lease_ms / 1000, deadline)
         finish = job.first_token_finishes(first.first_token)
         if finish is not None:
             await _abort(decode, rid)  # release the reservation: nothing to decode
@@ -81,26 +109,61 @@ async def _disaggregated(job: Job, router: Router, timeout: float | None) -> Tok
         yield [first.first_token], None
         call = decode.stub.Decode(worker_pb2.DecodeRequest(
             request_id=rid, prompt_token_ids=job.prompt, first_token=first.first_token,
-            sampling=job.sampling), timeout=timeout)
-        async for batch in call:
-            finish = WIRE_FINISH.get(batch.finish)
-            done = finish is not None
-            yield list(batch.token_ids), finish
-            if done:
-                return
+            sampling=job.sampling), timeout=deadline.remaining())
+        async for item in _relay(call, decode, router):
+            done = item[1] is not None
+            yield item
     finally:
         decode.inflight -= 1
-        if not prefilled:
-            prefill.inflight -= 1
         if not done:
-            await _abort(prefill, rid)
-            await _abort(decode, rid)
+            await asyncio.gather(_abort(prefill, rid), _abort(decode, rid))
+
+
+async def _relay(call, worker: Worker, router: Router) -> Tokens:
+    """Token batches of a worker stream until a finish; a lost worker is taken out of the router."""
+    try:
+        async for batch in call:
+            finish = WIRE_FINISH.get(batch.finish)
+            yield list(batch.token_ids), finish
+            if finish is not None:
+                return
+    except grpc.aio.AioRpcError as e:
+        if e.code() == grpc.StatusCode.UNAVAILABLE:
+            router.suspect(worker)
+        raise
+
+
+async def _reserve(job: Job, router: Router, deadline: Deadline,
+                   tried: list[Worker]) -> tuple[Worker, worker_pb2.KvTarget]:
+    """A decode worker with room for the prompt: least loaded first, then the others, then wait."""
+    req = worker_pb2.ReserveRequest(request_id=job.request_id, num_tokens=len(job.prompt))
+    give_up, pause = time.monotonic() + router.queue_wait_s, 0.02
+    while True:
+        for decode in await router.choose(lambda: router.ranked(router.decode, tuple(tried))):
+            try:
+                with tracer().start_as_current_span("decode.reserve", attributes={
+                        "pdserve.num_tokens": len(job.prompt), "pdserve.decode.address": decode.address}):
+                    return decode, await decode.stub.Reserve(req, timeout=deadline.remaining(RESERVE_TIMEOUT_S))
+            except grpc.aio.AioRpcError as e:
+                if e.code() == grpc.StatusCode.UNAVAILABLE:
+                    router.suspect(decode)
+                    tried.append(decode)
+                if e.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    raise
+        if time.monotonic() >= give_up:
+            raise GatewayError(grpc.StatusCode.RESOURCE_EXHAUSTED, "every decode KV pool is full; retry later",
+                               retry_after_ms=FULL_RETRY_AFTER_MS)
+        await asyncio.sleep(deadline.remaining(pause))
+        pause = min(pause * 2, 0.2)
 
 
 async def _prefill(prefill: Worker, decode: Worker, req: worker_pb2.PrefillRequest, lease_s: float,
-                   timeout: float | None) -> worker_pb2.PrefillResponse:
+                   deadline: Deadline) -> worker_pb2.PrefillResponse:
     """Prefill, renewing the decode reservation while the prompt waits in the prefill queue."""
-    call = prefill.stub.Prefill(req, timeout=timeout)
+    n = len(req.prompt_token_ids)
+    prefill.inflight += 1
+    prefill.pending_tokens += n
+    call = prefill.stub.Prefill(req, timeout=deadline.remaining(PREFILL_TIMEOUT_S))
     task = asyncio.ensure_future(call)
     try:
         while True:
@@ -108,11 +171,14 @@ async def _prefill(prefill: Worker, decode: Worker, req: worker_pb2.PrefillReque
             if finished:
                 return task.result()
             with contextlib.suppress(grpc.RpcError):
-                await decode.stub.Renew(worker_pb2.RenewRequest(request_id=req.request_id), timeout=2.0)
+                await decode.stub.Renew(worker_pb2.RenewRequest(request_id=req.request_id),
+                                        timeout=CONTROL_TIMEOUT_S)
     finally:
         call.cancel()
+        prefill.inflight -= 1
+        prefill.pending_tokens -= n
 
 
 async def _abort(worker: Worker, rid: str) -> None:
     with contextlib.suppress(grpc.RpcError):
-        await worker.stub.Abort(worker_pb2.AbortRequest(request_id=rid), timeout=2.0)
+        await worker.stub.Abort(worker_pb2.AbortRequest(request_id=rid), timeout=CONTROL_TIMEOUT_S)

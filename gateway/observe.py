@@ -6,12 +6,14 @@ import time
 from collections.abc import AsyncIterator
 
 import grpc
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
+from gateway.errors import GatewayError
 from pdserve.metrics import GatewayMetrics
 from pdserve.proto import gateway_pb2
-from pdserve.telemetry import incoming_context, tracer
+from pdserve.telemetry import tracer
 
 FINISH_NAMES = {gateway_pb2.FINISH_REASON_STOP: "stop", gateway_pb2.FINISH_REASON_LENGTH: "length",
                 gateway_pb2.FINISH_REASON_ABORT: "abort"}
@@ -76,10 +78,10 @@ def request_attributes(request, model: str) -> dict:
 
 
 async def observed(stream: AsyncIterator[gateway_pb2.GenerateResponse], request, model: str,
-                   context: grpc.aio.ServicerContext, metrics: GatewayMetrics | None):
-    """Relay stream inside a `gateway.generate` span (the caller's trace, if it sent one)."""
+                   parent: otel_context.Context, metrics: GatewayMetrics | None):
+    """Relay stream inside a `gateway.generate` span, child of parent (the caller's trace context)."""
     attrs = request_attributes(request, model) if isinstance(request, gateway_pb2.GenerateRequest) else {}
-    with tracer().start_as_current_span("gateway.generate", context=incoming_context(context),
+    with tracer().start_as_current_span("gateway.generate", context=parent,
                                         kind=trace.SpanKind.SERVER, attributes=attrs,
                                         record_exception=False, set_status_on_exception=False) as span:
         obs = RequestObserver(metrics, span)
@@ -90,8 +92,8 @@ async def observed(stream: AsyncIterator[gateway_pb2.GenerateResponse], request,
                 elif resp.HasField("complete"):
                     obs.complete(resp.complete)
                 yield resp
-        except grpc.aio.AbortError:
-            obs.error(context.code())
+        except GatewayError as e:
+            obs.error(e.code)
             raise
         except Exception as e:
             obs.error(None)

@@ -1,25 +1,59 @@
-"""Chooses the workers of a request (prefill + decode, or one colocated): least loaded, healthy."""
+"""Chooses the workers of a request: healthy, least loaded, prefix affinity for prefill.
+
+Load comes from two places: what this gateway has in flight on a worker (exact, immediate) and
+the worker's own GetStats (every gateway's load), polled by `gateway.health.Monitor`.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import grpc
+from grpc_health.v1 import health_pb2_grpc
 
-from pdserve.proto import worker_pb2_grpc
+from pdserve.proto import worker_pb2, worker_pb2_grpc
 from pdserve.serving import GRPC_OPTIONS
 from pdserve.telemetry import client_interceptors
 
+KEEPALIVE = [
+    ("grpc.keepalive_time_ms", 2000),  # a silent peer is found within ~4 s
+    ("grpc.keepalive_timeout_ms", 2000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+AFFINITY_SLACK_TOKENS = 2048  # the affine prefill worker may be this much busier than the least loaded
+AFFINITY_BLOCK = 16  # prompt tokens hashed for affinity when the worker has not said its block size
 
-@dataclass
+
+@dataclass(eq=False)
 class Worker:
     address: str
     channel: grpc.aio.Channel
     stub: object
+    health: object
     inflight: int = 0
+    pending_tokens: int = 0  # prompt tokens this gateway sent for prefill, not yet answered
     healthy: bool = True
+    stats: worker_pb2.WorkerStats | None = None
     order: int = field(default_factory=itertools.count().__next__)
+
+    def prefill_load(self) -> int:
+        queued = self.stats.queued_tokens if self.stats else 0
+        return max(queued, self.pending_tokens)
+
+    def decode_load(self) -> tuple[int, int]:
+        s = self.stats
+        running = (s.running + s.waiting) if s else 0
+        return max(running, self.inflight), -(s.free_blocks if s else 0)
+
+
+T = TypeVar("T")
 
 
 class NoWorker(RuntimeError):
@@ -39,19 +73,59 @@ class Router:
         self.decode = [self._connect(a, worker_pb2_grpc.DecodeWorkerStub) for a in decode]
         self.colocated = [self._connect(a, worker_pb2_grpc.DecodeWorkerStub) for a in colocated]
         self._turn = itertools.count()
+        self.queue_wait_s = 30.0  # how long a request waits for room in a decode pool
+        self.recheck: Callable[[], Awaitable[None]] | None = None  # set by the health monitor
+
+    @property
+    def workers(self) -> list[Worker]:
+        return self.prefill + self.decode + self.colocated
 
     @staticmethod
     def _connect(address: str, stub_cls: type) -> Worker:
-        channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS, interceptors=client_interceptors())
-        return Worker(address, channel, stub_cls(channel))
+        channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS + KEEPALIVE,
+                                            interceptors=client_interceptors())
+        return Worker(address, channel, stub_cls(channel), health_pb2_grpc.HealthStub(channel))
 
-    def pick(self, pool: list[Worker], exclude: tuple[Worker, ...] = ()) -> Worker:
-        candidates = [w for w in pool if w.healthy and w not in exclude]
+    def ranked(self, pool: list[Worker], exclude: tuple[Worker, ...] = ()) -> list[Worker]:
+        """Healthy workers of pool, least loaded first (excluded ones only when nothing else is left)."""
+        healthy = [w for w in pool if w.healthy]
+        candidates = [w for w in healthy if w not in exclude] or healthy
         if not candidates:
             raise NoWorker("no healthy worker available")
         turn = next(self._turn)
-        return min(candidates, key=lambda w: (w.inflight, (w.order - turn) % len(pool)))
+        load = (lambda w: (w.prefill_load(),)) if pool is self.prefill else (lambda w: w.decode_load())
+        return sorted(candidates, key=lambda w: (*load(w), (w.order - turn) % len(pool)))
+
+    def pick(self, pool: list[Worker], exclude: tuple[Worker, ...] = ()) -> Worker:
+        return self.ranked(pool, exclude)[0]
+
+    def pick_prefill(self, prompt: list[int], exclude: tuple[Worker, ...] = ()) -> Worker:
+        """The prompt's affine prefill worker (its cached prefix) unless it is much busier than the least loaded."""
+        ranked = self.ranked(self.prefill, exclude)
+        block = ranked[0].stats.layout.block_size if ranked[0].stats and ranked[0].stats.layout.block_size \
+            else AFFINITY_BLOCK
+        if len(ranked) == 1 or len(prompt) < block:
+            return ranked[0]
+        key = hashlib.blake2b(repr(prompt[:block]).encode(), digest_size=8).digest()
+        affine = max(ranked, key=lambda w: hashlib.blake2b(key + w.address.encode(), digest_size=8).digest())
+        if affine.prefill_load() <= ranked[0].prefill_load() + AFFINITY_SLACK_TOKENS:
+            return affine
+        return ranked[0]
+
+    async def choose(self, pick: Callable[[], T]) -> T:
+        """pick(), checking every worker's health once more first if it finds none healthy."""
+        try:
+            return pick()
+        except NoWorker:
+            if self.recheck is None:
+                raise
+            await self.recheck()
+            return pick()
+
+    def suspect(self, worker: Worker) -> None:
+        """A call to worker failed as if it were gone: out until its health check passes again."""
+        worker.healthy = False
 
     async def close(self) -> None:
-        for w in self.prefill + self.decode + self.colocated:
+        for w in self.workers:
             await w.channel.close()

@@ -53,8 +53,10 @@ class Stack:
     def __init__(self, model: str | None = None, worker_args: list[str] | None = None,
                  gateway_args: list[str] | None = None, echo: bool = False,
                  prefill_args: list[str] | None = None, decode_args: list[str] | None = None,
-                 colocated: bool = False) -> None:
+                 colocated: bool = False, num_prefill: int = 1, num_decode: int = 1) -> None:
         self.colocated = colocated
+        self.num_prefill = num_prefill
+        self.num_decode = num_decode
         self.model_args = ["--model", str(model)] if model else []
         self.worker_args = worker_args or []
         self.prefill_args = prefill_args or []
@@ -82,7 +84,8 @@ class Stack:
         try:
             # All start at once: the gateway's channels connect lazily.
             workers = self._spawn_workers()
-            pools = [f"--{name}={w.address}" for name, w in workers.items()]
+            pools = [f"--{role}={','.join(w.address for n, w in workers.items() if n.rstrip('0123456789') == role)}"
+                     for role in dict.fromkeys(n.rstrip("0123456789") for n in workers)]
             gw = self.spawn("gateway", "gateway", [*pools, *self.gateway_args], port=gateway_port)
             self.wait([*workers.values(), gw], timeout)
         except BaseException:
@@ -94,12 +97,18 @@ class Stack:
         if self.colocated:  # a decode worker that also serves Generate; decode_args apply to it
             args = [*self.worker_args, *self.decode_args, "--role", "colocated"]
             return {"colocated": self.spawn("colocated", "decode_service", args)}
-        return {"prefill": self.spawn("prefill", "prefill_service", self.worker_args + self.prefill_args),
-                "decode": self.spawn("decode", "decode_service", self.worker_args + self.decode_args)}
+        # Names: prefill, prefill2, ... and decode, decode2, ... (the first keeps the plain name).
+        procs = {}
+        for role, module, count, extra in (("prefill", "prefill_service", self.num_prefill, self.prefill_args),
+                                           ("decode", "decode_service", self.num_decode, self.decode_args)):
+            for i in range(count):
+                name = role if i == 0 else f"{role}{i + 1}"
+                procs[name] = self.spawn(name, module, self.worker_args + extra)
+        return procs
 
     @property
     def workers(self) -> dict[str, str]:
-        """Worker name (prefill, decode or colocated) -> address."""
+        """Worker name (prefill, decode, colocated; prefill2, decode2, ... when several) -> address."""
         return {n: p.address for n, p in self.procs.items() if n != "gateway"}
 
     def wait(self, procs: list[Proc], timeout: float) -> None:

@@ -20,6 +20,13 @@ GRPC_OPTIONS = [
     ("grpc.so_reuseport", 0),
 ]
 
+# Servers accept the gateway's keepalive pings (every 2 s, even without calls).
+SERVER_KEEPALIVE = [
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 1000),
+    ("grpc.http2.max_ping_strikes", 0),
+]
+
 log = logging.getLogger(__name__)
 
 
@@ -54,7 +61,7 @@ def sampling_from_wire(w: worker_pb2.WorkerSampling) -> SamplingParams:
 
 
 def new_server() -> grpc.aio.Server:
-    return grpc.aio.server(options=GRPC_OPTIONS)
+    return grpc.aio.server(options=GRPC_OPTIONS + SERVER_KEEPALIVE)
 
 
 def add_health(server: grpc.aio.Server, services: list[str]) -> health.aio.HealthServicer:
@@ -76,12 +83,20 @@ async def serve(
     services: list[str],
     on_stop: Callable[[], Awaitable[None]] | None = None,
     drain_seconds: float = 5.0,
+    on_start: Callable[[], Awaitable[None]] | None = None,
+    drain: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
-    """Bind, serve until SIGTERM/SIGINT, then report NOT_SERVING and drain."""
+    """Bind, serve until SIGTERM/SIGINT, then report NOT_SERVING and drain.
+
+    on_start runs before READY is printed (e.g. binding another listener); drain runs after
+    NOT_SERVING and before the server stops (e.g. waiting for in-flight requests).
+    """
     port = server.add_insecure_port(address)
     if port == 0:
         raise SystemExit(f"cannot bind {address}")
     await server.start()
+    if on_start is not None:
+        await on_start()
     await set_serving(health_servicer, services, True)
     log.info("listening on %s", address)
     print(f"READY {address}", flush=True)
@@ -93,6 +108,8 @@ async def serve(
     stopper = asyncio.create_task(stop.wait())
     await asyncio.wait([waiter, stopper], return_when=asyncio.FIRST_COMPLETED)
     await set_serving(health_servicer, services, False)
+    if drain is not None:
+        await drain()
     await server.stop(drain_seconds)
     if on_stop is not None:
         await on_stop()

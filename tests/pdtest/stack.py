@@ -8,8 +8,8 @@ from pdserve.proto import worker_pb2, worker_pb2_grpc
 
 
 def pool_stats(address: str, role: str) -> worker_pb2.WorkerStats:
-    """GetStats of a worker; role is prefill, decode or colocated (a decode worker's service)."""
-    stub_cls = worker_pb2_grpc.PrefillWorkerStub if role == "prefill" else worker_pb2_grpc.DecodeWorkerStub
+    """GetStats of a worker; role is its Stack name: prefill[N], decode[N] or colocated."""
+    stub_cls = worker_pb2_grpc.PrefillWorkerStub if role.startswith("prefill") else worker_pb2_grpc.DecodeWorkerStub
     with grpc.insecure_channel(address) as ch:
         return stub_cls(ch).GetStats(worker_pb2.StatsRequest(), timeout=10)
 
@@ -20,6 +20,8 @@ def assert_no_leaks(stack, timeout: float = 5.0) -> None:
 
     deadline = time.monotonic() + timeout
     for role, address in stack.workers.items():
+        if stack.procs[role].popen.poll() is not None:
+            continue  # a worker the test killed
         while True:
             s = pool_stats(address, role)
             if s.free_blocks == s.total_blocks and s.running == 0 and s.waiting == 0:

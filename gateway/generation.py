@@ -1,0 +1,180 @@
+"""The gateway's one generation path, shared by the gRPC and HTTP faces.
+
+Validates and tokenizes a GenerateRequest, admits it (bounded queue), runs the flow across the
+workers, detokenizes incrementally and applies stop strings. Failures are GatewayError.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import grpc
+
+from gateway import flow
+from gateway.admission import Admission, Ticket
+from gateway.deadline import Deadline
+from gateway.detokenizer import IncrementalDetokenizer
+from gateway.errors import GatewayError
+from gateway.router import NoWorker, Router
+from gateway.stops import StopChecker
+from gateway.tokenizer import encode_prompt
+from pdserve.core.request import Sequence, check_finish
+from pdserve.core.sampling import SamplingParams, ValidationError, validate_prompt
+from pdserve.proto import gateway_pb2
+from pdserve.serving import sampling_to_wire
+
+FINISH = {"stop": gateway_pb2.FINISH_REASON_STOP, "length": gateway_pb2.FINISH_REASON_LENGTH,
+          "abort": gateway_pb2.FINISH_REASON_ABORT}
+PASSED_ON = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED,
+             grpc.StatusCode.CANCELLED, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION}
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    max_model_len: int
+    vocab_size: int
+    eos_ids: tuple[int, ...]
+
+
+class BadRequest:
+    """Stands in for a request whose bytes did not parse; carries the field to blame."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def sampling_from_request(s: gateway_pb2.SamplingParams) -> SamplingParams:
+    """SamplingParams from the wire message; unset optional fields take their defaults."""
+    opt = lambda name, default: getattr(s, name) if s.HasField(name) else default  # noqa: E731
+    return SamplingParams(
+        temperature=opt("temperature", 1.0), top_p=opt("top_p", 1.0), top_k=opt("top_k", -1),
+        seed=opt("seed", None), max_tokens=opt("max_tokens", 16), min_tokens=opt("min_tokens", 0),
+        stop=tuple(s.stop), stop_token_ids=tuple(s.stop_token_ids), ignore_eos=opt("ignore_eos", False),
+    )
+
+
+class TextAssembler:
+    """Token batches in, Chunk messages out: incremental text, stop strings, counts, finish."""
+
+    def __init__(self, tokenizer, prompt: list[int], params: SamplingParams) -> None:
+        self.detok = IncrementalDetokenizer(tokenizer, prompt)
+        self.stops = StopChecker(params.stop)
+        self.generated, self.finish, self.matched = 0, "abort", None
+
+    def feed(self, ids: list[int], why: str | None) -> tuple[gateway_pb2.Chunk, bool]:
+        """The chunk for ids (why: the worker's finish reason or None) and whether it ends the stream."""
+        self.generated += len(ids)
+        text_ids = ids[:-1] if why == "stop" else ids  # no text for EOS / stop tokens
+        text, self.matched = self.stops.feed(self.detok.add(text_ids))
+        if self.matched is None and why is not None:  # the end: release held-back text
+            tail, self.matched = self.stops.feed(self.detok.flush())
+            text += tail if self.matched else tail + self.stops.flush()
+        if self.matched is not None:
+            self.finish = "stop"
+        elif why is not None:
+            self.finish = why
+        return gateway_pb2.Chunk(token_ids=ids, text=text), self.matched is not None or why is not None
+
+    def complete(self, rid: str, prompt_tokens: int) -> gateway_pb2.Complete:
+        done = gateway_pb2.Complete(finish_reason=FINISH[self.finish], request_id=rid,
+                                    usage=gateway_pb2.Usage(prompt_tokens=prompt_tokens,
+                                                            completion_tokens=self.generated))
+        if self.matched is not None:
+            done.stop_string = self.matched
+        return done
+
+
+class Generation:
+    """Validation, admission, flow and detokenization of one request; GatewayError on failure."""
+
+    def __init__(self, model: ModelInfo, tokenizer, router: Router, admission: Admission | None = None) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.router = router
+        self.admission = admission or Admission()
+
+    def prepare(self, req: gateway_pb2.GenerateRequest, fill_max_tokens: bool = False) -> tuple[list[int], SamplingParams]:
+        """Prompt ids and sampling params, or ValidationError naming the field.
+
+        fill_max_tokens: an unset max_tokens means the rest of the context (OpenAI chat), not 16.
+        """
+        if req.model and req.model != self.model.name:
+            raise ValidationError("model", f"unknown model {req.model!r}; this gateway serves {self.model.name!r}")
+        params = sampling_from_request(req.sampling)
+        params.validate()
+        kind = req.WhichOneof("input")
+        try:
+            if kind == "text":
+                ids = encode_prompt(self.tokenizer, text=req.text)
+            elif kind == "chat":
+                ids = encode_prompt(self.tokenizer, messages=[(m.role, m.content) for m in req.chat.messages])
+            elif kind == "token_ids":
+                ids = encode_prompt(self.tokenizer, token_ids=list(req.token_ids.ids))
+            else:
+                raise ValidationError("input", "set one of text, chat or token_ids")
+            if fill_max_tokens and not req.sampling.HasField("max_tokens"):
+                params = dataclasses.replace(params, max_tokens=max(1, self.model.max_model_len - len(ids)))
+            validate_prompt(ids, params.max_tokens, self.model.vocab_size, self.model.max_model_len)
+        except ValidationError as e:
+            raise ValidationError(_public_field(kind, e.field), str(e).split(": ", 1)[-1]) from None
+        if any(t >= self.model.vocab_size for t in params.stop_token_ids):
+            raise ValidationError("sampling.stop_token_ids", "token id outside the vocabulary")
+        return ids, params
+
+    def _checked(self, request, fill_max_tokens: bool) -> tuple[list[int], SamplingParams]:
+        if isinstance(request, BadRequest):
+            raise GatewayError(grpc.StatusCode.INVALID_ARGUMENT, request.reason, field=request.reason.split(":")[0])
+        try:
+            return self.prepare(request, fill_max_tokens)
+        except ValidationError as e:
+            raise GatewayError(grpc.StatusCode.INVALID_ARGUMENT, str(e), field=e.field) from None
+
+    async def stream(self, request, rid: str, deadline: Deadline,
+                     fill_max_tokens: bool = False) -> AsyncIterator[gateway_pb2.GenerateResponse]:
+        """Chunks, then one Complete; raises GatewayError (before or after chunks were sent)."""
+        prompt, params = self._checked(request, fill_max_tokens)
+        with self.admission.enter() as ticket:
+            job = flow.Job(rid, prompt, sampling_to_wire(params), self._first_finishes(prompt, params))
+            text = TextAssembler(self.tokenizer, prompt, params)
+            async with contextlib.aclosing(self._chunks(job, text, ticket, deadline)) as chunks:
+                async for chunk in chunks:
+                    yield gateway_pb2.GenerateResponse(chunk=chunk)
+            yield gateway_pb2.GenerateResponse(complete=text.complete(rid, len(prompt)))
+
+    async def _chunks(self, job: flow.Job, text: TextAssembler, ticket: Ticket,
+                      deadline: Deadline) -> AsyncIterator[gateway_pb2.Chunk]:
+        try:
+            async with contextlib.aclosing(flow.run(job, self.router, deadline)) as tokens:
+                async for ids, why in tokens:
+                    ticket.started()
+                    chunk, done = text.feed(ids, why)
+                    yield chunk
+                    if done:
+                        return
+        except grpc.aio.AioRpcError as e:
+            code = e.code() if e.code() in PASSED_ON else grpc.StatusCode.UNAVAILABLE
+            raise GatewayError(code, f"worker error: {e.details()}") from None
+        except NoWorker as e:
+            raise GatewayError(grpc.StatusCode.UNAVAILABLE, str(e)) from None
+
+    def _first_finishes(self, prompt: list[int], params: SamplingParams):
+        def check(token: int) -> str | None:
+            seq = Sequence("", prompt, params, self.model.eos_ids, output_ids=[token])
+            why = check_finish(seq, self.model.max_model_len)
+            return None if why is None else why.value
+
+        return check
+
+
+def _public_field(kind: str | None, field: str) -> str:
+    if field.startswith("messages"):
+        return "chat." + field
+    if field == "prompt_token_ids":
+        return "token_ids.ids"
+    if field == "prompt":
+        return {"text": "text", "chat": "chat.messages", "token_ids": "token_ids.ids"}.get(kind or "", "input")
+    return field

@@ -1,0 +1,56 @@
+"""Background health checks (grpc.health.v1) and load polling (GetStats) of every worker."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import grpc
+from grpc_health.v1 import health_pb2
+
+from gateway.router import Router, Worker
+from pdserve.proto import worker_pb2
+
+log = logging.getLogger(__name__)
+
+
+class Monitor:
+    """Polls every worker each `period_s`: unhealthy ones leave the router, recovered ones come back."""
+
+    def __init__(self, router: Router, period_s: float = 0.5, timeout_s: float = 1.0) -> None:
+        self.router = router
+        self.period_s = period_s
+        self.timeout_s = timeout_s
+        self._task: asyncio.Task | None = None
+        router.recheck = self.check_all
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def check_all(self) -> None:
+        """Check every worker now (also used when a request finds no healthy worker)."""
+        await asyncio.gather(*(self._check(w) for w in self.router.workers))
+
+    async def _run(self) -> None:
+        while True:
+            await self.check_all()
+            await asyncio.sleep(self.period_s)
+
+    async def _check(self, worker: Worker) -> None:
+        try:
+            resp = await worker.health.Check(health_pb2.HealthCheckRequest(service=""), timeout=self.timeout_s)
+            ok = resp.status == health_pb2.HealthCheckResponse.SERVING
+            if ok:
+                worker.stats = await worker.stub.GetStats(worker_pb2.StatsRequest(), timeout=self.timeout_s)
+        except grpc.aio.AioRpcError:
+            ok = False
+        if ok != worker.healthy:
+            log.warning("worker %s is %s", worker.address, "back" if ok else "out (health check failed)")
+        worker.healthy = ok

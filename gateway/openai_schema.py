@@ -1,0 +1,147 @@
+"""OpenAI request bodies -> GenerateRequest, and GenerateResponse pieces -> OpenAI JSON objects.
+
+Every problem with a body is a GatewayError(INVALID_ARGUMENT) whose `field` is the OpenAI
+parameter name, so the HTTP face can answer 400 with `param` set.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import grpc
+
+from gateway.errors import GatewayError
+from pdserve.proto import gateway_pb2
+
+FINISH_NAMES = {gateway_pb2.FINISH_REASON_STOP: "stop", gateway_pb2.FINISH_REASON_LENGTH: "length",
+                gateway_pb2.FINISH_REASON_ABORT: "abort"}
+NUMBERS = {"temperature": float, "top_p": float, "top_k": int, "seed": int, "max_tokens": int, "min_tokens": int}
+UNSUPPORTED = {"presence_penalty": 0, "frequency_penalty": 0, "best_of": 1, "echo": False, "logprobs": False,
+               "top_logprobs": 0, "suffix": None, "logit_bias": None, "tools": None}
+
+
+def bad(param: str, message: str) -> GatewayError:
+    return GatewayError(grpc.StatusCode.INVALID_ARGUMENT, f"{param}: {message}", field=param)
+
+
+def _number(body: dict, name: str, kind: type) -> int | float | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
+        raise bad(name, f"must be {'an integer' if kind is int else 'a number'}, got {value!r}")
+    return kind(value)
+
+
+def sampling(body: dict) -> gateway_pb2.SamplingParams:
+    """The sampling fields of a completions or chat body (unset ones stay unset)."""
+    for name, neutral in UNSUPPORTED.items():
+        if body.get(name) not in (None, neutral, {}, []):
+            raise bad(name, "is not supported by this server")
+    if body.get("n") not in (None, 1):
+        raise bad("n", "only n=1 is supported")
+    if body.get("max_completion_tokens") is not None and body.get("max_tokens") is None:
+        body = {**body, "max_tokens": body["max_completion_tokens"]}
+    s = gateway_pb2.SamplingParams()
+    for name, kind in NUMBERS.items():
+        value = _number(body, name, kind)
+        if value is not None:
+            setattr(s, name, value)
+    s.stop.extend(_strings(body.get("stop"), "stop"))
+    ids = body.get("stop_token_ids") or []
+    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise bad("stop_token_ids", "must be a list of integers")
+    s.stop_token_ids.extend(ids)
+    if body.get("ignore_eos") is not None:
+        if not isinstance(body["ignore_eos"], bool):
+            raise bad("ignore_eos", "must be a boolean")
+        s.ignore_eos = body["ignore_eos"]
+    return s
+
+
+def _strings(value: Any, name: str) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return value
+    raise bad(name, "must be a string or a list of strings")
+
+
+def _model(body: dict) -> str:
+    model = body.get("model") or ""
+    if not isinstance(model, str):
+        raise bad("model", "must be a string")
+    return model
+
+
+def completion_request(body: dict) -> gateway_pb2.GenerateRequest:
+    """A GenerateRequest from a /v1/completions body."""
+    req = gateway_pb2.GenerateRequest(model=_model(body), sampling=sampling(body))
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        req.text = prompt
+    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        req.token_ids.ids.extend(prompt)
+    else:
+        raise bad("prompt", "must be a non-empty string or list of token ids (one prompt per request)")
+    return req
+
+
+def chat_request(body: dict) -> gateway_pb2.GenerateRequest:
+    """A GenerateRequest from a /v1/chat/completions body."""
+    req = gateway_pb2.GenerateRequest(model=_model(body), sampling=sampling(body))
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad("messages", "must be a non-empty list of messages")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise bad(f"messages[{i}]", "must be an object with a string role")
+        req.chat.messages.add(role=m["role"], content=_content(m.get("content"), i))
+    return req
+
+
+def _content(content: Any, i: int) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                         and isinstance(p.get("text"), str) for p in content):
+        return "".join(p["text"] for p in content)
+    raise bad(f"messages[{i}].content", "must be a string or a list of text parts")
+
+
+def openai_param(field: str | None) -> str | None:
+    """The OpenAI parameter for a gateway field name (sampling.top_p -> top_p, text -> prompt)."""
+    if field is None:
+        return None
+    if field.startswith("sampling."):
+        return field[len("sampling."):]
+    if field.startswith("chat."):
+        return field[len("chat."):]
+    return {"text": "prompt", "token_ids.ids": "prompt", "input": "prompt"}.get(field, field)
+
+
+def usage(done: gateway_pb2.Complete) -> dict:
+    u = done.usage
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+            "total_tokens": u.prompt_tokens + u.completion_tokens}
+
+
+def envelope(kind: str, rid: str, model: str, choices: list[dict]) -> dict:
+    """The common frame of every completion object and chunk."""
+    return {"id": rid, "object": kind, "created": int(time.time()), "model": model, "choices": choices}
+
+
+def choice(chat: bool, text: str, finish: str | None, delta: bool, first: bool = False) -> dict:
+    """One choice: chat message/delta or completion text, with its finish reason."""
+    if not chat:
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+    if not delta:
+        return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                "finish_reason": finish}
+    d = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
+    return {"index": 0, "delta": d, "logprobs": None, "finish_reason": finish}
