@@ -30,19 +30,34 @@ def mm(a, b, PRECISION: tl.constexpr, DOT_F32: tl.constexpr):
 
 
 @triton.jit
+def scale_offsets(bt_row, t, tmask, kvh, stride_sn, stride_ss, stride_sh, S: tl.constexpr):
+    """Element offsets of the [N] float32 scales of tokens t (kv head kvh) of one sequence."""
+    return kv_token_offsets(bt_row, t, tmask, stride_sn, stride_ss, S) + kvh * stride_sh
+
+
+@triton.jit
 def attend_tile(
     q, kc_ptr, vc_ptr, tok_off, head_off, dmask, tmask, valid,
     m_i, l_i, acc, scale_log2, PRECISION: tl.constexpr, DOT_F32: tl.constexpr,
+    ks_ptr, vs_ptr, sc_off, QUANT: tl.constexpr,
 ):
     """One online-softmax step of rows q [M, D] over a KV tile (log2 domain, fp32 state).
 
-    tok_off [N]: token offsets from kv_token_offsets; head_off [D]: head * D + d;
+    tok_off [N]: token offsets from kv_token_offsets; head_off [D]: head * row + d;
     valid [M, N]: which (row, key) pairs attend. Every row must see at least one valid key
     in the first tile it processes, so the running max is finite from then on.
+    QUANT: K/V are fp8/int8 with per-token scales at ks_ptr/vs_ptr + sc_off [N]; the K scale
+    multiplies score columns and the V scale the probabilities, so tiles are only upcast
+    (exactly) to q's dtype and no dequantized copy is ever written.
     """
     kmask = dmask[:, None] & tmask[None, :]
     k = tl.load(kc_ptr + tok_off[None, :] + head_off[:, None], mask=kmask, other=0.0)
+    if QUANT:
+        # the interpreter mis-converts int8 -> bf16; it upcasts to fp32 anyway (DOT_F32)
+        k = k.to(tl.float32) if DOT_F32 else k.to(q.dtype)
     s = mm(q, k, PRECISION, DOT_F32) * scale_log2
+    if QUANT:
+        s = s * tl.load(ks_ptr + sc_off, mask=tmask, other=0.0)[None, :]
     s = tl.where(valid, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     alpha = tl.exp2(m_i - m_new)
@@ -50,5 +65,9 @@ def attend_tile(
     l_i = l_i * alpha + tl.sum(p, 1)
     vmask = tmask[:, None] & dmask[None, :]
     v = tl.load(vc_ptr + tok_off[:, None] + head_off[None, :], mask=vmask, other=0.0)
-    acc = acc * alpha[:, None] + mm(p.to(v.dtype), v, PRECISION, DOT_F32)
+    pv = p
+    if QUANT:
+        v = v.to(tl.float32) if DOT_F32 else v.to(q.dtype)
+        pv = p * tl.load(vs_ptr + sc_off, mask=tmask, other=0.0)[None, :]
+    acc = acc * alpha[:, None] + mm(pv.to(v.dtype), v, PRECISION, DOT_F32)
     return m_new, l_i, acc

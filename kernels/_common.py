@@ -52,21 +52,46 @@ def check_last_contiguous(name: str, t: torch.Tensor) -> None:
     )
 
 
+QUANT_DTYPES = (torch.float8_e4m3fn, torch.int8)
+
+
 def check_cache(name: str, cache: torch.Tensor) -> None:
-    """A paged cache [N, S, Hk, D]: contiguous in its last 3 dims, any block stride."""
+    """A paged cache [N, S, Hk, D]: unit dim stride, heads of a slot packed with a row stride
+    >= D (a quantized pool's rows carry their scale after the D values), any block stride."""
     check_dim(name, cache, 4)
     _, s, hk, d = cache.shape
-    assert cache.stride()[1:] == (hk * d, d, 1), (
-        f"{name} must be contiguous in its last 3 dims (slot, head, dim); "
+    row = cache.stride(2)
+    assert cache.stride(3) == 1 and row >= d and cache.stride(1) == hk * row, (
+        f"{name} must be packed in its last 3 dims (slot, head, dim); "
         f"shape {tuple(cache.shape)} strides {cache.stride()}"
     )
-    assert cache.stride(0) >= s * hk * d, f"{name} has overlapping blocks, strides {cache.stride()}"
+    assert cache.stride(0) >= s * hk * row, f"{name} has overlapping blocks, strides {cache.stride()}"
+
+
+def check_scales(
+    k_cache: torch.Tensor, k_scale: torch.Tensor | None, v_scale: torch.Tensor | None
+) -> bool:
+    """Scales of a quantized cache: both or neither, float32 [N, S, Hk]; True if quantized."""
+    if k_scale is None and v_scale is None:
+        return False
+    assert k_scale is not None and v_scale is not None, "pass both k_scale and v_scale or neither"
+    check_dtype("k_cache", k_cache, QUANT_DTYPES)
+    for name, sc in (("k_scale", k_scale), ("v_scale", v_scale)):
+        check_dtype(name, sc, (torch.float32,))
+        assert tuple(sc.shape) == tuple(k_cache.shape[:3]), (
+            f"{name} shape {tuple(sc.shape)} != cache (N, S, Hk) {tuple(k_cache.shape[:3])}"
+        )
+    assert k_scale.stride() == v_scale.stride(), "k_scale and v_scale strides differ"
+    return True
 
 
 def check_attention_inputs(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+    quantized: bool = False,
 ) -> tuple[int, int]:
-    """Shared checks of the attention ops; returns (query heads per KV head, head dim)."""
+    """Shared checks of the attention ops; returns (query heads per KV head, head dim).
+
+    A quantized cache (fp8/int8, see check_scales) may differ in dtype from q."""
     check_dim("q", q, 3)
     check_last_contiguous("q", q)
     check_dtype("q", q, FLOAT_DTYPES)
@@ -76,7 +101,7 @@ def check_attention_inputs(
         f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} differ"
     )
     assert k_cache.stride() == v_cache.stride(), "k_cache and v_cache strides differ"
-    assert k_cache.dtype == v_cache.dtype == q.dtype, (
+    assert k_cache.dtype == v_cache.dtype and (quantized or k_cache.dtype == q.dtype), (
         f"q, k_cache, v_cache dtypes differ: {q.dtype}, {k_cache.dtype}, {v_cache.dtype}"
     )
     hq, d = q.shape[1], q.shape[2]

@@ -16,8 +16,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._attention import attend_tile, kv_token_offsets
+from kernels._attention import attend_tile, kv_token_offsets, scale_offsets
 from kernels._common import check_attention_inputs, check_device, check_dim, check_dtype
+from kernels._common import check_scales
 from kernels._common import dot_precision, interpreting, next_pow2, num_sms
 
 _MIN_PARTITION = 256
@@ -26,12 +27,13 @@ _PROGRAMS_PER_SM = 8
 
 @triton.jit
 def _decode_kernel(
-    q_ptr, kc_ptr, vc_ptr, bt_ptr, lens_ptr, out_ptr, lse_ptr,
-    stride_qb, stride_qh, stride_cn, stride_bt, stride_ob, stride_oh, stride_op,
+    q_ptr, kc_ptr, vc_ptr, bt_ptr, lens_ptr, out_ptr, lse_ptr, ks_ptr, vs_ptr,
+    stride_qb, stride_qh, stride_cn, stride_cs, stride_ch, stride_bt, stride_ob, stride_oh,
+    stride_op, stride_sn, stride_ss, stride_sh,
     scale_log2, head_dim, num_parts,
-    G: tl.constexpr, G_PAD: tl.constexpr, HK: tl.constexpr, S: tl.constexpr,
+    G: tl.constexpr, G_PAD: tl.constexpr, S: tl.constexpr,
     D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, PART: tl.constexpr, SPLIT: tl.constexpr,
-    PRECISION: tl.constexpr, DOT_F32: tl.constexpr,
+    PRECISION: tl.constexpr, DOT_F32: tl.constexpr, QUANT: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
@@ -48,15 +50,18 @@ def _decode_kernel(
     l_i = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, D_PAD], tl.float32)
     bt_row = bt_ptr + b * stride_bt
-    head_off = kvh * head_dim + d
+    head_off = kvh * stride_ch + d
     end = tl.minimum(part * PART + PART, seq_len)
     for t0 in range(part * PART, end, BLOCK_N):
         t = t0 + tl.arange(0, BLOCK_N)
         tmask = t < end
-        tok_off = kv_token_offsets(bt_row, t, tmask, stride_cn, HK * head_dim, S)
+        tok_off = kv_token_offsets(bt_row, t, tmask, stride_cn, stride_cs, S)
+        sc_off = tok_off
+        if QUANT:
+            sc_off = scale_offsets(bt_row, t, tmask, kvh, stride_sn, stride_ss, stride_sh, S)
         m_i, l_i, acc = attend_tile(
             q, kc_ptr, vc_ptr, tok_off, head_off, dmask, tmask, tmask[None, :],
-            m_i, l_i, acc, scale_log2, PRECISION, DOT_F32,
+            m_i, l_i, acc, scale_log2, PRECISION, DOT_F32, ks_ptr, vs_ptr, sc_off, QUANT,
         )
     has = l_i > 0
     o = acc / tl.where(has, l_i, 1.0)[:, None]
@@ -64,7 +69,7 @@ def _decode_kernel(
     tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=qmask)
     if SPLIT:
         lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
-        tl.store(lse_ptr + (b * (HK * G) + heads) * num_parts + part, lse, mask=gmask)
+        tl.store(lse_ptr + (b * (tl.num_programs(1) * G) + heads) * num_parts + part, lse, mask=gmask)
 
 
 @triton.jit
@@ -109,15 +114,20 @@ def paged_decode_attention(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query per sequence (q [B, Hq, D]) over seq_lens[b] cached tokens.
 
     block_tables int32 [B, max_blocks], seq_lens int32 [B]; caches [N, S, Hk, D] may be layer
-    views of a pool. Returns a new [B, Hq, D] tensor in q's dtype.
+    views of a pool. Returns a new [B, Hq, D] tensor in q's dtype. With k_scale/v_scale
+    [N, S, Hk] float32, the caches are fp8/int8 and dequantized inside the kernel.
     """
     max_context = block_tables.shape[1] * k_cache.shape[1] if block_tables.dim() == 2 else 0
     part = default_partition_size(q.shape[0], k_cache.shape[2], max_context, q.device)
-    return decode_with_partitions(q, k_cache, v_cache, block_tables, seq_lens, scale, part)
+    return decode_with_partitions(
+        q, k_cache, v_cache, block_tables, seq_lens, scale, part, k_scale, v_scale
+    )
 
 
 def decode_with_partitions(
@@ -128,9 +138,12 @@ def decode_with_partitions(
     seq_lens: torch.Tensor,
     scale: float,
     partition_size: int,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """paged_decode_attention with an explicit split-K partition size (power of two >= 16)."""
-    group, d = check_attention_inputs(q, k_cache, v_cache, block_tables)
+    quant = check_scales(k_cache, k_scale, v_scale)
+    group, d = check_attention_inputs(q, k_cache, v_cache, block_tables, quant)
     check_dim("seq_lens", seq_lens, 1)
     check_dtype("seq_lens", seq_lens, (torch.int32,))
     assert seq_lens.is_contiguous(), "seq_lens must be contiguous"
@@ -154,14 +167,17 @@ def decode_with_partitions(
     else:
         dest, lse = out, out  # lse is unused without a split
     d_pad = max(16, next_pow2(d))
+    ks, vs = (k_scale, v_scale) if quant else (k_cache, v_cache)
     _decode_kernel[(b, hk, parts)](
-        q, k_cache, v_cache, block_tables, seq_lens, dest, lse,
-        q.stride(0), q.stride(1), k_cache.stride(0), block_tables.stride(0),
-        dest.stride(0), dest.stride(1), dest.stride(2) if split else 0,
+        q, k_cache, v_cache, block_tables, seq_lens, dest, lse, ks, vs,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0), dest.stride(0), dest.stride(1), dest.stride(2) if split else 0,
+        *(ks.stride()[:3] if quant else (0, 0, 0)),
         scale * math.log2(math.e), d, parts,
-        G=group, G_PAD=max(16, next_pow2(group)), HK=hk, S=s, D_PAD=d_pad,
+        G=group, G_PAD=max(16, next_pow2(group)), S=s, D_PAD=d_pad,
         BLOCK_N=min(64, partition_size), PART=partition_size, SPLIT=split,
-        PRECISION=dot_precision(q.dtype), DOT_F32=interpreting(), num_warps=4, num_stages=2,
+        PRECISION=dot_precision(q.dtype), DOT_F32=interpreting(), QUANT=quant,
+        num_warps=4, num_stages=2,
     )
     if split:
         _merge_kernel[(b, hq)](

@@ -17,8 +17,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._attention import attend_tile, kv_token_offsets
+from kernels._attention import attend_tile, kv_token_offsets, scale_offsets
 from kernels._common import check_attention_inputs, check_device, check_dim, check_dtype
+from kernels._common import check_scales
 from kernels._common import dot_precision, interpreting, next_pow2
 
 
@@ -37,12 +38,13 @@ def _find_sequence(qsl_ptr, pid, num_seqs, BLOCK_Q: tl.constexpr):
 
 @triton.jit
 def _prefill_kernel(
-    q_ptr, kc_ptr, vc_ptr, bt_ptr, lens_ptr, qsl_ptr, out_ptr,
-    stride_qt, stride_qh, stride_ot, stride_oh, stride_cn, stride_bt,
+    q_ptr, kc_ptr, vc_ptr, bt_ptr, lens_ptr, qsl_ptr, out_ptr, ks_ptr, vs_ptr,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_cn, stride_cs, stride_ch, stride_bt,
+    stride_sn, stride_ss, stride_sh,
     scale_log2, head_dim, num_seqs,
-    G: tl.constexpr, HK: tl.constexpr, S: tl.constexpr, D_PAD: tl.constexpr,
+    G: tl.constexpr, S: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    PRECISION: tl.constexpr, DOT_F32: tl.constexpr,
+    PRECISION: tl.constexpr, DOT_F32: tl.constexpr, QUANT: tl.constexpr,
 ):
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -69,15 +71,18 @@ def _prefill_kernel(
     kv_end = seq_len - n_q + tl.minimum(tile * BLOCK_Q + BLOCK_Q, n_q)
     kv_end = tl.where(tile * BLOCK_Q < n_q, kv_end, 0)
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
-    head_off = kvh * head_dim + d
+    head_off = kvh * stride_ch + d
     for t0 in range(0, kv_end, BLOCK_N):
         t = t0 + tl.arange(0, BLOCK_N)
         tmask = t < kv_end
-        tok_off = kv_token_offsets(bt_row, t, tmask, stride_cn, HK * head_dim, S)
+        tok_off = kv_token_offsets(bt_row, t, tmask, stride_cn, stride_cs, S)
+        sc_off = tok_off
+        if QUANT:
+            sc_off = scale_offsets(bt_row, t, tmask, kvh, stride_sn, stride_ss, stride_sh, S)
         valid = tmask[None, :] & (t[None, :] <= q_pos[:, None])
         m_i, l_i, acc = attend_tile(
             q, kc_ptr, vc_ptr, tok_off, head_off, dmask, tmask, valid,
-            m_i, l_i, acc, scale_log2, PRECISION, DOT_F32,
+            m_i, l_i, acc, scale_log2, PRECISION, DOT_F32, ks_ptr, vs_ptr, sc_off, QUANT,
         )
     o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     dst = out_ptr + tok[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :]
@@ -101,18 +106,22 @@ def paged_prefill_attention(
     seq_lens: torch.Tensor,
     query_start_loc: torch.Tensor,
     scale: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of a batch of query runs over their paged KV.
 
     Sequence b owns queries q[query_start_loc[b]:query_start_loc[b+1]], which are its last
     tokens: positions seq_lens[b] - n_b ... seq_lens[b] - 1. Its KV (cached prefix and the new
-    tokens, already written) lies in blocks block_tables[b]. Returns [T, Hq, D].
+    tokens, already written) lies in blocks block_tables[b]. Returns [T, Hq, D]. With
+    k_scale/v_scale [N, S, Hk] float32 the caches are fp8/int8, dequantized in the kernel.
     """
-    group, d = check_attention_inputs(q, k_cache, v_cache, block_tables)
-    block_m, block_n, warps = _default_tiles(d, group)
+    d = q.shape[-1] if q.dim() == 3 else 0
+    group = q.shape[1] // k_cache.shape[2] if q.dim() == 3 and k_cache.dim() == 4 else 1
+    block_m, block_n, warps = _default_tiles(d, max(group, 1))
     return prefill_with_tiles(
         q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
-        block_m, block_n, warps,
+        block_m, block_n, warps, k_scale, v_scale,
     )
 
 
@@ -127,9 +136,12 @@ def prefill_with_tiles(
     block_m: int,
     block_n: int,
     num_warps: int = 4,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """paged_prefill_attention with explicit tile sizes (powers of two >= 16, BLOCK_M >= G)."""
-    group, d = check_attention_inputs(q, k_cache, v_cache, block_tables)
+    quant = check_scales(k_cache, k_scale, v_scale)
+    group, d = check_attention_inputs(q, k_cache, v_cache, block_tables, quant)
     for name, t in (("seq_lens", seq_lens), ("query_start_loc", query_start_loc)):
         check_dim(name, t, 1)
         check_dtype(name, t, (torch.int32,))
@@ -148,13 +160,16 @@ def prefill_with_tiles(
         return out
     block_q = block_m // group
     hk, s = k_cache.shape[2], k_cache.shape[1]
+    ks, vs = (k_scale, v_scale) if quant else (k_cache, v_cache)
     _prefill_kernel[(t // block_q + b, hk)](
-        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out,
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, ks, vs,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), k_cache.stride(0),
-        block_tables.stride(0), scale * math.log2(math.e), d, b,
-        G=group, HK=hk, S=s, D_PAD=max(16, next_pow2(d)),
+        k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        *(ks.stride()[:3] if quant else (0, 0, 0)),
+        scale * math.log2(math.e), d, b,
+        G=group, S=s, D_PAD=max(16, next_pow2(d)),
         BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n,
-        PRECISION=dot_precision(q.dtype), DOT_F32=interpreting(),
+        PRECISION=dot_precision(q.dtype), DOT_F32=interpreting(), QUANT=quant,
         num_warps=num_warps, num_stages=2,
     )
     return out

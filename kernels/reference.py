@@ -3,6 +3,10 @@
 The CPU path runs these directly; the Triton kernels are tested against them. Shapes:
 T tokens in a step, B sequences, Hq query heads, Hk KV heads, D head dim, N blocks of
 S tokens. The paged cache of one layer is `k_cache`/`v_cache` of shape [N, S, Hk, D].
+
+Quantized KV (fp8 e4m3 or int8 storage): `k_scale`/`v_scale` [N, S, Hk] float32 hold one scale
+per (token, KV head); a stored row x_q dequantizes to x_q * scale. Every op taking them
+defaults them to None (unquantized cache of the query's dtype).
 """
 
 from __future__ import annotations
@@ -85,17 +89,54 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.silu(gate) * up
 
 
+QUANT_MAX = {torch.float8_e4m3fn: 448.0, torch.int8: 127.0}
+SCALE_FLOOR = 1e-8
+
+
+def quantize_rows(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-row quantization of x [..., D]: (x_q [..., D] of `dtype`, scale [...]).
+
+    scale = max(amax / QMAX, 1e-8); int8 rounds half away from zero (floor(x + 0.5)).
+    """
+    qmax = QUANT_MAX[dtype]
+    xf = x.float()
+    scale = torch.clamp(xf.abs().amax(-1) / qmax, min=SCALE_FLOOR)
+    xq = (xf / scale[..., None]).clamp(-qmax, qmax)
+    if dtype == torch.int8:
+        xq = torch.floor(xq + 0.5).clamp(-qmax, qmax)
+    return xq.to(dtype), scale
+
+
 def write_kv(
     k: torch.Tensor,
     v: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> None:
-    """Store k, v [T, Hk, D] into the paged cache at flat slots (block * S + offset)."""
-    n, s = k_cache.shape[0], k_cache.shape[1]
-    k_cache.view(n * s, *k_cache.shape[2:])[slot_mapping] = k.to(k_cache.dtype)
-    v_cache.view(n * s, *v_cache.shape[2:])[slot_mapping] = v.to(v_cache.dtype)
+    """Store k, v [T, Hk, D] into the paged cache at flat slots (block * S + offset).
+
+    With scales, rows are quantized to the cache dtype and their scales stored beside them.
+    """
+    if k_scale is None or v_scale is None:
+        n, s = k_cache.shape[0], k_cache.shape[1]
+        k_cache.view(n * s, *k_cache.shape[2:])[slot_mapping] = k.to(k_cache.dtype)
+        v_cache.view(n * s, *v_cache.shape[2:])[slot_mapping] = v.to(v_cache.dtype)
+        return
+    blk, off = slot_mapping.long() // k_cache.shape[1], slot_mapping.long() % k_cache.shape[1]
+    for x, cache, sc in ((k, k_cache, k_scale), (v, v_cache, v_scale)):
+        xq, scale = quantize_rows(x, cache.dtype)
+        cache[blk, off] = xq
+        sc[blk, off] = scale
+
+
+def dequantize_cache(cache: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """float32 values of a cache [N, S, Hk, D] (times its [N, S, Hk] scales when quantized)."""
+    if scale is None:
+        return cache.float()
+    return cache.float() * scale[..., None]
 
 
 def gather_kv(
@@ -115,6 +156,8 @@ def paged_prefill_attention(
     seq_lens: torch.Tensor,
     query_start_loc: torch.Tensor,
     scale: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of a batch of query runs over their paged KV.
 
@@ -122,6 +165,8 @@ def paged_prefill_attention(
     tokens: positions seq_lens[b] - n_b ... seq_lens[b] - 1. Its KV (cached prefix and the new
     tokens, already written) lies in blocks block_tables[b]. Returns [T, Hq, D].
     """
+    if k_scale is not None and v_scale is not None:
+        k_cache, v_cache = dequantize_cache(k_cache, k_scale), dequantize_cache(v_cache, v_scale)
     out = torch.empty_like(q)
     hq, hk = q.shape[1], k_cache.shape[2]
     qsl, lens = query_start_loc.tolist(), seq_lens.tolist()
@@ -150,7 +195,11 @@ def paged_decode_attention(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query per sequence (q [B, Hq, D]) over seq_lens[b] cached tokens."""
     qsl = torch.arange(q.shape[0] + 1, dtype=torch.int32)
-    return paged_prefill_attention(q, k_cache, v_cache, block_tables, seq_lens, qsl, scale)
+    return paged_prefill_attention(
+        q, k_cache, v_cache, block_tables, seq_lens, qsl, scale, k_scale, v_scale
+    )

@@ -1,4 +1,7 @@
-"""Scatter new K/V rows into the paged cache (Triton twin of reference.write_kv)."""
+"""Scatter new K/V rows into the paged cache (Triton twin of reference.write_kv).
+
+With k_scale/v_scale the cache is fp8 e4m3 or int8: each (token, KV head) row is quantized
+symmetrically on the fly (scale = max(amax / QMAX, 1e-8), stored beside the pool)."""
 
 from __future__ import annotations
 
@@ -7,15 +10,33 @@ import triton
 import triton.language as tl
 
 from kernels._common import FLOAT_DTYPES, INDEX_DTYPES, check_cache, check_device, check_dim
-from kernels._common import check_dtype, check_last_contiguous, next_pow2
+from kernels._common import check_dtype, check_last_contiguous, check_scales, next_pow2
+from kernels.reference import QUANT_MAX
+
+
+@triton.jit
+def _store_row(x, c_ptr, s_ptr, dst, sdst, m, hmask, QUANT: tl.constexpr, QMAX: tl.constexpr,
+               IS_INT: tl.constexpr):
+    """Store rows x [H, D] at dst; quantized: x / scale at dst and the [H] scales at sdst."""
+    if QUANT:
+        xf = x.to(tl.float32)
+        sc = tl.maximum(tl.max(tl.abs(xf), 1) / QMAX, 1e-8)
+        xq = tl.minimum(tl.maximum(xf / sc[:, None], -QMAX), QMAX)
+        if IS_INT:
+            xq = tl.minimum(tl.floor(xq + 0.5), QMAX)
+        tl.store(c_ptr + dst, xq.to(c_ptr.dtype.element_ty), mask=m)
+        tl.store(s_ptr + sdst, sc, mask=hmask)
+    else:
+        tl.store(c_ptr + dst, x.to(c_ptr.dtype.element_ty), mask=m)
 
 
 @triton.jit
 def _write_kv_kernel(
-    k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr,
-    stride_kt, stride_kh, stride_vt, stride_vh, stride_cn,
-    heads, head_dim,
+    k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, ks_ptr, vs_ptr,
+    stride_kt, stride_kh, stride_vt, stride_vh, stride_cn, stride_cs, stride_ch,
+    stride_sn, stride_ss, stride_sh, heads, head_dim,
     S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    QUANT: tl.constexpr, QMAX: tl.constexpr, IS_INT: tl.constexpr,
 ):
     tok = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + tok).to(tl.int64)
@@ -24,11 +45,14 @@ def _write_kv_kernel(
     # Negative slots mark padded tokens (e.g. CUDA-graph padding): nothing is written.
     live_heads = tl.where(slot >= 0, heads, 0)
     m = (h < live_heads) & (d < head_dim)
-    dst = (slot // S) * stride_cn + (slot % S) * (heads * head_dim) + h * head_dim + d
+    dst = (slot // S) * stride_cn + (slot % S) * stride_cs + h * stride_ch + d
+    hv = tl.arange(0, BLOCK_H)
+    hmask = hv < live_heads
+    sdst = (slot // S) * stride_sn + (slot % S) * stride_ss + hv * stride_sh
     k = tl.load(k_ptr + tok * stride_kt + h * stride_kh + d, mask=m, other=0.0)
     v = tl.load(v_ptr + tok * stride_vt + h * stride_vh + d, mask=m, other=0.0)
-    tl.store(kc_ptr + dst, k.to(kc_ptr.dtype.element_ty), mask=m)
-    tl.store(vc_ptr + dst, v.to(vc_ptr.dtype.element_ty), mask=m)
+    _store_row(k, kc_ptr, ks_ptr, dst, sdst, m, hmask, QUANT, QMAX, IS_INT)
+    _store_row(v, vc_ptr, vs_ptr, dst, sdst, m, hmask, QUANT, QMAX, IS_INT)
 
 
 def write_kv(
@@ -37,12 +61,16 @@ def write_kv(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> None:
     """Store k, v [T, Hk, D] into the paged cache at flat slots (block * S + offset).
 
     The caches [N, S, Hk, D] may be layer views of a bigger pool (any block stride).
-    Unlike the reference, a negative slot skips its token (padding).
+    Unlike the reference, a negative slot skips its token (padding). With k_scale/v_scale
+    [N, S, Hk] float32 the caches are fp8/int8 and rows are quantized on write.
     """
+    quant = check_scales(k_cache, k_scale, v_scale)
     for name, t in (("k", k), ("v", v)):
         check_dim(name, t, 3)
         check_dtype(name, t, FLOAT_DTYPES)
@@ -67,9 +95,11 @@ def write_kv(
     t, hk, d = k.shape
     if t == 0:
         return
+    ks, vs = (k_scale, v_scale) if quant else (k_cache, v_cache)
     _write_kv_kernel[(t,)](
-        k, v, k_cache, v_cache, slot_mapping,
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1), k_cache.stride(0),
-        hk, d,
-        S=k_cache.shape[1], BLOCK_H=next_pow2(hk), BLOCK_D=next_pow2(d), num_warps=4,
+        k, v, k_cache, v_cache, slot_mapping, ks, vs,
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1), *k_cache.stride()[:3],
+        *(ks.stride()[:3] if quant else (0, 0, 0)), hk, d,
+        S=k_cache.shape[1], BLOCK_H=next_pow2(hk), BLOCK_D=next_pow2(d), QUANT=quant,
+        QMAX=QUANT_MAX.get(k_cache.dtype, 1.0), IS_INT=k_cache.dtype == torch.int8, num_warps=4,
     )

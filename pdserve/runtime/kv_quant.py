@@ -1,0 +1,103 @@
+"""Quantized KV pools (`--kv-cache-dtype fp8_e4m3|int8`): layout, allocation, layer views.
+
+Design: one scale per (token, KV head), computed on write (dynamic, symmetric: scale =
+amax / QMAX). The scale lives *inside* the pool tensor, as the 4 bytes (a float32) after the
+D quantized values of each row:
+
+    pool [L, 2, N, S, Hk, D + 4] of float8_e4m3fn or int8
+    values  = pool[..., :D]                       (cache views handed to the kernels)
+    scales  = pool.view(float32)[..., D // 4]     ([L, 2, N, S, Hk] float32 views)
+
+So a block of a layer is self-contained: every transfer backend moves the scales with the
+values without knowing about them (the wire layout's head_dim is the stored row width, D + 4,
+and its order says so). Per-token scales need no read-modify-write when a block fills up,
+and dequantization is one multiply per score column / probability in the attention kernels.
+Cost: 4 bytes per row, so fp8 holds 2 * D / (D + 4) times the tokens of bf16 (1.94x, D=128).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from pdserve.core.kv_layout import KvLayout
+from pdserve.model.spec import ModelSpec
+
+SCALE_BYTES = 4
+QUANT_ORDER = "LKNSH[D+f32scale]"
+_STORAGE = {"fp8_e4m3": torch.float8_e4m3fn, "int8": torch.int8}
+KV_CACHE_DTYPES = ("auto", *_STORAGE)
+
+
+class LayerKv(NamedTuple):
+    """One layer's cache views: values [N, S, Hk, D] and scales [N, S, Hk] (None: unquantized)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    k_scale: torch.Tensor | None
+    v_scale: torch.Tensor | None
+
+
+def is_quantized(kv_cache_dtype: str) -> bool:
+    """True for fp8_e4m3/int8; False for auto; ValueError for anything else."""
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"--kv-cache-dtype {kv_cache_dtype!r} is not one of {KV_CACHE_DTYPES}")
+    return kv_cache_dtype != "auto"
+
+
+def storage_dtype(kv_cache_dtype: str) -> torch.dtype:
+    """The torch dtype of a quantized pool's elements."""
+    if not is_quantized(kv_cache_dtype):
+        raise ValueError("auto is not a quantized KV dtype")
+    return _STORAGE[kv_cache_dtype]
+
+
+def quant_block_bytes(spec: ModelSpec, block_size: int) -> int:
+    """Bytes one quantized block takes across all layers, K and V, scales included."""
+    return spec.num_layers * 2 * block_size * spec.num_kv_heads * (spec.head_dim + SCALE_BYTES)
+
+
+def allocate_quant_pool(
+    spec: ModelSpec, num_blocks: int, block_size: int, kv_cache_dtype: str,
+    device: str | torch.device = "cpu",
+) -> torch.Tensor:
+    """Zeroed pool [L, 2, N, S, Hk, D + 4] (zero values and zero scales: finite stale slots)."""
+    if spec.head_dim % SCALE_BYTES:
+        raise ValueError(f"quantized KV needs head_dim % 4 == 0, got {spec.head_dim}")
+    if num_blocks < 1 or block_size < 1:
+        raise ValueError(f"num_blocks and block_size must be >= 1, got {num_blocks}, {block_size}")
+    shape = (spec.num_layers, 2, num_blocks, block_size, spec.num_kv_heads,
+             spec.head_dim + SCALE_BYTES)
+    return torch.zeros(shape, dtype=storage_dtype(kv_cache_dtype), device=device)
+
+
+def layer_views(kv_pool: torch.Tensor, layer: int, head_dim: int) -> LayerKv:
+    """Views of layer `layer`: plain pools give (k, v, None, None), quantized ones add scales."""
+    k, v = kv_pool[layer, 0], kv_pool[layer, 1]
+    if kv_pool.shape[-1] == head_dim:
+        return LayerKv(k, v, None, None)
+    assert kv_pool.shape[-1] == head_dim + SCALE_BYTES and kv_pool.element_size() == 1, (
+        f"pool rows of {kv_pool.shape[-1]} {kv_pool.dtype} do not fit head_dim {head_dim}"
+    )
+    scales = kv_pool[layer].view(torch.float32)[..., head_dim // SCALE_BYTES]
+    return LayerKv(k[..., :head_dim], v[..., :head_dim], scales[0], scales[1])
+
+
+def quant_kv_layout(
+    spec: ModelSpec, block_size: int, kv_cache_dtype: str, model: str | None = None,
+    tp_rank: int = 0, tp_size: int = 1,
+) -> KvLayout:
+    """The transfer layout of a quantized pool: head_dim is the stored row (D + 4 bytes)."""
+    storage_dtype(kv_cache_dtype)
+    return KvLayout(
+        model=model or spec.name or spec.arch,
+        num_layers=spec.num_layers,
+        num_kv_heads=spec.num_kv_heads // tp_size,
+        head_dim=spec.head_dim + SCALE_BYTES,
+        block_size=block_size,
+        dtype=kv_cache_dtype,
+        tp_rank=tp_rank,
+        tp_size=tp_size,
+        order=QUANT_ORDER,
+    )

@@ -1,0 +1,109 @@
+"""Quantized KV (fp8 e4m3, int8): write_kv and both attention kernels against the reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from kernel_helpers import DEVICE, DTYPES, assert_close, make_block_tables  # noqa: E402
+
+from kernels import reference  # noqa: E402
+from kernels.decode_attention import decode_with_partitions, paged_decode_attention  # noqa: E402
+from kernels.prefill_attention import paged_prefill_attention  # noqa: E402
+from kernels.write_kv import write_kv  # noqa: E402
+from pdserve.runtime.kv_quant import SCALE_BYTES, layer_views  # noqa: E402
+
+QDTYPES = [pytest.param(torch.float8_e4m3fn, id="fp8"), pytest.param(torch.int8, id="int8")]
+BLOCK, NBLOCKS, HK = 16, 24, 2
+
+
+def _quant_pool(qdtype: torch.dtype, head_dim: int):
+    """A 2-layer quantized pool filled from random values; returns layer-1 views."""
+    pool = torch.zeros(2, 2, NBLOCKS, BLOCK, HK, head_dim + SCALE_BYTES, dtype=qdtype, device=DEVICE)
+    views = layer_views(pool, 1, head_dim)
+    for cache, sc in ((views.k, views.k_scale), (views.v, views.v_scale)):
+        xq, s = reference.quantize_rows(torch.randn(NBLOCKS, BLOCK, HK, head_dim, device=DEVICE), qdtype)
+        cache.copy_(xq)
+        sc.copy_(s)
+    return pool, views
+
+
+@pytest.mark.parametrize("qdtype", QDTYPES)
+def test_write_kv_quantizes_like_reference(qdtype: torch.dtype) -> None:
+    d, t = 32, 20
+    k = torch.randn(t, HK, d, device=DEVICE) * 3
+    v = torch.randn(t, HK, d, device=DEVICE)
+    slots = torch.randperm(NBLOCKS * BLOCK, device=DEVICE)[:t]
+    pools = [torch.zeros(1, 2, NBLOCKS, BLOCK, HK, d + SCALE_BYTES, dtype=qdtype) for _ in range(2)]
+    a, b = layer_views(pools[0], 0, d), layer_views(pools[1], 0, d)
+    write_kv(k, v, a.k, a.v, slots, a.k_scale, a.v_scale)
+    reference.write_kv(k, v, b.k, b.v, slots, b.k_scale, b.v_scale)
+    torch.testing.assert_close(a.k_scale, b.k_scale)
+    torch.testing.assert_close(a.v_scale, b.v_scale)
+    # Triton's CPU interpreter converts to fp8 wrongly when rounding carries into the next
+    # exponent (e.g. -127.9 -> -64, about 1% of values); GPUs round in hardware (cvt.rn).
+    fp8_interp = qdtype == torch.float8_e4m3fn and DEVICE.type == "cpu"
+    blk, off = slots // BLOCK, slots % BLOCK
+    for x, y in ((a.k, b.k), (a.v, b.v)):
+        same = (x[blk, off].float() == y[blk, off].float()).float().mean()
+        assert same > (0.97 if fp8_interp else 0.999)
+    # the dequantized cache approximates the input
+    deq = reference.dequantize_cache(b.k, b.k_scale)[blk, off]
+    tol = 0.07 if qdtype == torch.float8_e4m3fn else 0.01
+    assert ((deq - k).abs() <= tol * k.abs().amax(-1, keepdim=True)).all()
+
+
+@pytest.mark.parametrize("qdtype", QDTYPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("partition", [16, 256])
+def test_decode_quantized_matches_reference(qdtype, dtype, partition) -> None:
+    lens_list, d, group = [1, 15, 17, 100], 64, 4
+    _, kv = _quant_pool(qdtype, d)
+    tables = make_block_tables(lens_list, BLOCK, NBLOCKS, width=8)
+    lens = torch.tensor(lens_list, dtype=torch.int32, device=DEVICE)
+    q = torch.randn(len(lens_list), HK * group, d, dtype=dtype, device=DEVICE)
+    out = decode_with_partitions(q, kv.k, kv.v, tables, lens, 0.125, partition, kv.k_scale, kv.v_scale)
+    ref = reference.paged_decode_attention(q, kv.k, kv.v, tables, lens, 0.125, kv.k_scale, kv.v_scale)
+    assert_close(out, ref)
+    assert_close(paged_decode_attention(q, kv.k, kv.v, tables, lens, 0.125, kv.k_scale, kv.v_scale), ref)
+
+
+@pytest.mark.parametrize("qdtype", QDTYPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_prefill_quantized_matches_reference(qdtype, dtype) -> None:
+    lens_list, qlens, d, group = [5, 40, 17], [5, 3, 17], 32, 2
+    _, kv = _quant_pool(qdtype, d)
+    tables = make_block_tables(lens_list, BLOCK, NBLOCKS, width=4)
+    lens = torch.tensor(lens_list, dtype=torch.int32, device=DEVICE)
+    qsl = torch.tensor([0, 5, 8, 25], dtype=torch.int32, device=DEVICE)
+    q = torch.randn(sum(qlens), HK * group, d, dtype=dtype, device=DEVICE)
+    out = paged_prefill_attention(q, kv.k, kv.v, tables, lens, qsl, 0.2, kv.k_scale, kv.v_scale)
+    ref = reference.paged_prefill_attention(q, kv.k, kv.v, tables, lens, qsl, 0.2, kv.k_scale, kv.v_scale)
+    assert_close(out, ref)
+
+
+def test_quantized_attention_close_to_full_precision() -> None:
+    """fp8 KV attention stays within a few percent of fp32 attention over the same values."""
+    d, lens_list = 64, [50, 100]
+    pool, kv = _quant_pool(torch.float8_e4m3fn, d)
+    full_k = reference.dequantize_cache(kv.k, kv.k_scale) + 0.0
+    full_v = reference.dequantize_cache(kv.v, kv.v_scale) + 0.0
+    tables = make_block_tables(lens_list, BLOCK, NBLOCKS, width=8)
+    lens = torch.tensor(lens_list, dtype=torch.int32, device=DEVICE)
+    q = torch.randn(2, HK * 2, d, device=DEVICE)
+    out = paged_decode_attention(q, kv.k, kv.v, tables, lens, 0.125, kv.k_scale, kv.v_scale)
+    ref = reference.paged_decode_attention(q, full_k, full_v, tables, lens, 0.125)
+    assert_close(out, ref)  # same values: only dequantization order differs
+
+
+def test_scales_must_come_in_pairs() -> None:
+    _, kv = _quant_pool(torch.int8, 32)
+    q = torch.randn(1, HK, 32, device=DEVICE)
+    tables = torch.zeros(1, 1, dtype=torch.int32, device=DEVICE)
+    lens = torch.ones(1, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(AssertionError, match="both k_scale and v_scale"):
+        paged_decode_attention(q, kv.k, kv.v, tables, lens, 0.1, kv.k_scale, None)
+    with pytest.raises(AssertionError, match="dtypes differ"):
+        paged_decode_attention(q, kv.k, kv.v, tables, lens, 0.1)
