@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from pdserve.model.spec import ModelSpec
+from pdserve.runtime.kv_quant import layer_views
 
 LayerHook = Callable[[int], None]
 
@@ -132,17 +133,19 @@ class LlamaModel:
             q = ops.rms_norm(q.reshape(-1, d), lw["q_norm"], spec.rms_norm_eps)[0].view(t, -1, d)
             k = ops.rms_norm(k.reshape(-1, d), lw["k_norm"], spec.rms_norm_eps)[0].view(t, -1, d)
         q, k = ops.rotary(q, k, positions, self.cos_sin)
-        k_cache, v_cache = kv_pool[l, 0], kv_pool[l, 1]
-        ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        # a quantized pool (fp8/int8 rows + scales, runtime/kv_quant.py) adds scale views
+        k_cache, v_cache, *scales = layer_views(kv_pool, l, d)
+        quant = tuple(scales) if scales[0] is not None else ()
+        ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping, *quant)
         if layer_hook is not None:
             layer_hook(l)
         if meta.is_decode:
             o = ops.paged_decode_attention(
-                q, k_cache, v_cache, meta.block_tables, meta.seq_lens, self.scale
+                q, k_cache, v_cache, meta.block_tables, meta.seq_lens, self.scale, *quant
             )
         else:
             o = ops.paged_prefill_attention(
                 q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
-                self.scale,
+                self.scale, *quant,
             )
         return F.linear(o.reshape(t, spec.num_heads * d), lw["o"], lw.get("o_bias"))
