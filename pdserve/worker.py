@@ -13,6 +13,7 @@ from pdserve.core.scheduler import Scheduler, SchedulerConfig
 from pdserve.model.prepare import resolve_model
 from pdserve.model.spec import ModelSpec
 from pdserve.runtime.kv_cache import num_blocks_for_bytes
+from pdserve.runtime.kv_quant import KV_CACHE_DTYPES, is_quantized, quant_block_bytes
 from pdserve.runtime.runner import ModelRunner
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,8 @@ def add_worker_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=list(KV_CACHE_DTYPES),
+                   help="KV pool storage: auto (= --dtype), fp8_e4m3 or int8 with per-token scales")
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--kv-transfer", default="tcp", choices=["tcp", "cuda_ipc", "nccl"])
     p.add_argument("--advertise-host", default=None,
@@ -77,6 +80,7 @@ def build(args: argparse.Namespace) -> Built:
         block_size=args.block_size, load_format=args.load_format, seed=args.seed,
         max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
         enforce_eager=getattr(args, "enforce_eager", False),
+        kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"),
     )
     cfg = SchedulerConfig(
         max_num_seqs=args.max_num_seqs,
@@ -106,7 +110,11 @@ def _num_blocks(args: argparse.Namespace, spec: ModelSpec, dtype: torch.dtype, d
         budget = min(own, free - weights - (1 << 30))
     else:
         budget = args.kv_cache_memory
-    n = num_blocks_for_bytes(spec, args.block_size, dtype, budget)
+    kv_dtype = getattr(args, "kv_cache_dtype", "auto")
+    if is_quantized(kv_dtype):
+        n = max(0, budget // quant_block_bytes(spec, args.block_size))
+    else:
+        n = num_blocks_for_bytes(spec, args.block_size, dtype, budget)
     if n <= 0:
         raise SystemExit("no memory left for the KV cache: raise --kv-cache-memory / --gpu-memory-utilization")
     return n

@@ -15,6 +15,7 @@ from pdserve.model.loader import load_weights
 from pdserve.model.spec import ModelSpec
 from pdserve.runtime.cuda_graph import DecodeGraphs
 from pdserve.runtime.kv_cache import allocate_kv_pool, kv_layout
+from pdserve.runtime.kv_quant import allocate_quant_pool, is_quantized, quant_kv_layout
 from pdserve.runtime.sampler import sample_tokens
 from pdserve.runtime.staging import HostStager, check_block_ids, flat_slot_mapping
 
@@ -47,6 +48,7 @@ class ModelRunner:
         max_model_len: int | None = None,
         max_num_seqs: int = 256,
         enforce_eager: bool = False,
+        kv_cache_dtype: str = "auto",
     ) -> None:
         self.spec = spec
         self.device = torch.device(device)
@@ -57,8 +59,12 @@ class ModelRunner:
             spec, model_dir, device=self.device, dtype=dtype, load_format=load_format, seed=seed
         )
         self.model = LlamaModel(spec, weights, ops or default_ops(self.device))
-        self.kv_pool = allocate_kv_pool(spec, num_blocks, block_size, dtype, self.device)
-        self.layout: KvLayout = kv_layout(spec, block_size, dtype)
+        if is_quantized(kv_cache_dtype):  # fp8/int8 rows with their scales (runtime/kv_quant.py)
+            self.kv_pool = allocate_quant_pool(spec, num_blocks, block_size, kv_cache_dtype, self.device)
+            self.layout: KvLayout = quant_kv_layout(spec, block_size, kv_cache_dtype)
+        else:
+            self.kv_pool = allocate_kv_pool(spec, num_blocks, block_size, dtype, self.device)
+            self.layout = kv_layout(spec, block_size, dtype)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.max_model_len = min(max_model_len or self.model.max_position, self.model.max_position)
         self._stager = HostStager(self.device)
