@@ -1,0 +1,185 @@
+"""KV quantization and n-gram speculation on one GPU: `python bench/kvquant.py --out FILE`.
+
+Keys: fp8_capacity_ratio (4k-context sequences an fp8 pool holds over bf16, same bytes),
+fp8_decode_speedup_4k_bs256 (Llama-3.1-8B shape, dummy weights; eager decode steps; layers cut
+to fit a bf16 pool of 256 x 4k tokens: per-layer cost is what changes), greedy_agreement_fp8
+(SmolLM2-135M shape: real weights if $SMOLLM2_DIR names a model folder, else random),
+ngram_speedup_bs1/bs32 (prompt-lookup workload: the model continues a text it was given
+twice), ngram_slowdown_random (random prompts, temperature 1). Dummy weights make acceptance
+rates unrepresentative of real text: the acceptance rate is reported beside each speedup.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from pdserve.core.sampling import SamplingParams
+from pdserve.core.speculative import SpecStats, SpeculativeConfig
+from pdserve.core.step_io import SeqSlice, StepInput
+from pdserve.model.spec import ModelSpec
+from pdserve.runtime.kv_cache import block_bytes
+from pdserve.runtime.kv_quant import quant_block_bytes
+from pdserve.runtime.offline import generate
+from pdserve.runtime.runner import ModelRunner
+from pdserve.runtime.spec_offline import generate_speculative
+
+CONFIGS = Path(__file__).parent / "configs"
+BS, CTX = 16, 4096
+SMOLLM2 = dict(model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+               num_attention_heads=9, num_key_value_heads=3, vocab_size=49152,
+               max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=100000.0,
+               tie_word_embeddings=True)
+NGRAM = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_max=4, prompt_lookup_min=1)
+
+
+def sync() -> None:
+    torch.cuda.synchronize()
+
+
+def free(*objs: object) -> None:
+    del objs
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def llama8b(layers: int | None = None) -> ModelSpec:
+    d = json.loads((CONFIGS / "llama-3.1-8b.json").read_text())
+    if layers:
+        d["num_hidden_layers"] = layers
+    return ModelSpec.from_config_dict(d)
+
+
+def capacity_ratio() -> dict:
+    """Whole 4k sequences per byte budget: fp8 (values + per-token scales) over bf16."""
+    spec = llama8b()
+    budget = int(0.85 * torch.cuda.get_device_properties(0).total_memory) - (16 << 30)
+    per_seq = CTX // BS
+    bf16 = budget // block_bytes(spec, BS, torch.bfloat16) // per_seq
+    fp8 = budget // quant_block_bytes(spec, BS) // per_seq
+    return {"fp8_capacity_ratio": fp8 / bf16, "capacity_bf16_seqs": bf16, "capacity_fp8_seqs": fp8}
+
+
+def decode_time(kv: str, n: int, layers: int) -> float:
+    """Median seconds of one eager decode step of n sequences with CTX cached tokens."""
+    spec = llama8b(layers)
+    per = CTX // BS + 1
+    runner = ModelRunner(spec, None, device="cuda", dtype=torch.bfloat16, num_blocks=n * per + 8,
+                         block_size=BS, load_format="dummy", max_model_len=CTX + 64,
+                         enforce_eager=True, kv_cache_dtype=kv)
+    if kv == "auto":
+        runner.kv_pool.normal_()
+    else:  # random values, positive scales
+        runner.kv_pool.view(torch.uint8).random_(0, 120)
+    greedy = SamplingParams(temperature=0.0)
+    step = StepInput(tuple(SeqSlice(f"s{i}", (i,), CTX, tuple(range(i * per, (i + 1) * per)), greedy)
+                           for i in range(n)))
+    for _ in range(3):
+        runner.execute(step)
+    sync()
+    times = []
+    for _ in range(10):
+        t0 = time.perf_counter()
+        runner.execute(step)
+        sync()
+        times.append(time.perf_counter() - t0)
+    free(runner)
+    return sorted(times)[len(times) // 2]
+
+
+def decode_speedup(layers: int = 16) -> dict:
+    bf16, fp8 = decode_time("auto", 256, layers), decode_time("fp8_e4m3", 256, layers)
+    return {"fp8_decode_speedup_4k_bs256": bf16 / fp8, "decode_step_s_bf16": bf16,
+            "decode_step_s_fp8": fp8, "decode_layers_used": layers}
+
+
+def greedy_agreement() -> dict:
+    """Share of greedy tokens (position by position) of an fp8 pool equal to the bf16 run."""
+    model_dir = os.environ.get("SMOLLM2_DIR")
+    spec = ModelSpec.from_dir(Path(model_dir)) if model_dir else ModelSpec.from_config_dict(SMOLLM2)
+    rng = random.Random(0)
+    prompts = [[rng.randrange(spec.vocab_size) for _ in range(64)] for _ in range(16)]
+    params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
+    outs = {}
+    for kv in ("auto", "fp8_e4m3"):
+        runner = ModelRunner(spec, model_dir, device="cuda", dtype=torch.bfloat16, num_blocks=512,
+                             block_size=BS, load_format="auto" if model_dir else "dummy",
+                             enforce_eager=True, kv_cache_dtype=kv)
+        outs[kv] = generate(runner, prompts, params)
+        free(runner)
+    same = sum(a == b for x, y in zip(outs["auto"], outs["fp8_e4m3"]) for a, b in zip(x, y))
+    total = sum(len(x) for x in outs["auto"])
+    return {"greedy_agreement_fp8": same / total, "agreement_weights": "real" if model_dir else "dummy"}
+
+
+def lookup_prompts(n: int, vocab: int, length: int = 256) -> list[list[int]]:
+    """'Edit this text' prompts: a random text, a separator, then the same text again."""
+    rng = random.Random(1)
+    out = []
+    for _ in range(n):
+        text = [rng.randrange(vocab) for _ in range(length)]
+        out.append(text + [1, 2, 3] + text[: length // 4])
+    return out
+
+
+def timed_generate(runner: ModelRunner, prompts, params, cfg) -> tuple[float, SpecStats]:
+    stats = SpecStats()
+    sync()
+    t0 = time.perf_counter()
+    if cfg is None:
+        generate(runner, prompts, params)
+    else:
+        generate_speculative(runner, prompts, params, cfg, stats=stats)
+    sync()
+    return time.perf_counter() - t0, stats
+
+
+def ngram(runner: ModelRunner, prompts, params) -> tuple[float, float]:
+    """(plain seconds / speculative seconds, acceptance rate); one warm-up each."""
+    timed_generate(runner, prompts[:1], params, None)
+    timed_generate(runner, prompts[:1], params, NGRAM)
+    plain, _ = timed_generate(runner, prompts, params, None)
+    spec, stats = timed_generate(runner, prompts, params, NGRAM)
+    return plain / spec, stats.acceptance_rate
+
+
+def ngram_results() -> dict:
+    spec = llama8b()
+    runner = ModelRunner(spec, None, device="cuda", dtype=torch.bfloat16, num_blocks=32 * 40 + 64,
+                         block_size=BS, load_format="dummy", max_model_len=1024)
+    greedy = SamplingParams(temperature=0.0, max_tokens=128, ignore_eos=True)
+    out = {}
+    for bs in (1, 32):
+        speed, acc = ngram(runner, lookup_prompts(bs, spec.vocab_size), greedy)
+        out[f"ngram_speedup_bs{bs}"], out[f"ngram_acceptance_bs{bs}"] = speed, acc
+    rng = random.Random(2)
+    rand = [[rng.randrange(spec.vocab_size) for _ in range(256)] for _ in range(8)]
+    speed, acc = ngram(runner, rand, SamplingParams(temperature=1.0, max_tokens=128, ignore_eos=True))
+    out["ngram_slowdown_random"], out["ngram_acceptance_random"] = 1.0 / speed - 1.0, acc
+    free(runner)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    res: dict = {"gpu": torch.cuda.get_device_name(0)}
+    for part in (capacity_ratio, decode_speedup, greedy_agreement, ngram_results):
+        res |= part()
+        print(json.dumps(res), flush=True)
+    res["bench_seconds"] = time.perf_counter() - t0
+    Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
+    print(json.dumps(res, indent=2))
+
+
+if __name__ == "__main__":
+    main()
