@@ -38,7 +38,7 @@ def build(args: argparse.Namespace):
     from pdserve.model.prepare import resolve_model
     from pdserve.model.spec import ModelSpec
 
-    model_dir = resolve_model(args.model)
+    model_dir = resolve_model(args.model, require_weights=False)  # config + tokenizer only
     spec = ModelSpec.from_dir(model_dir)
     info = ModelInfo(args.served_model_name or model_dir.name, args.max_model_len, spec.vocab_size,
                      spec.eos_token_ids)

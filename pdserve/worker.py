@@ -64,7 +64,8 @@ class Built:
 
 def build(args: argparse.Namespace) -> Built:
     """Load the model, size the KV pool and make the scheduler over it."""
-    model_dir = resolve_model(args.model) if args.load_format != "dummy" or args.model else None
+    dummy = args.load_format == "dummy"
+    model_dir = resolve_model(args.model, require_weights=not dummy) if not dummy or args.model else None
     if model_dir is None:
         raise SystemExit("--load-format dummy needs --model pointing at a folder with config.json")
     spec = ModelSpec.from_dir(model_dir)

@@ -77,11 +77,12 @@ def ensure_default_model(progress: bool = True) -> Path:
     return target
 
 
-def resolve_model(model: str | None) -> Path:
+def resolve_model(model: str | None, *, require_weights: bool = True) -> Path:
     """Map a `--model` value to a local HF folder.
 
     None, "default" or "SmolLM2-135M-Instruct" give the default model (built if needed);
-    anything else must be a folder holding config.json and safetensors weights.
+    anything else must be a folder holding config.json and safetensors weights, or only
+    config.json (plus tokenizer files) when require_weights is False (`--load-format dummy`).
     """
     if model in DEFAULT_MODEL_ALIASES:
         return ensure_default_model()
@@ -95,10 +96,10 @@ def resolve_model(model: str | None) -> Path:
     if not (path / "config.json").is_file():
         raise ValueError(f"--model {model!r}: the folder has no config.json")
     has_weights = any(path.glob("*.safetensors")) or (path / "model.safetensors.index.json").is_file()
-    if not has_weights:
+    if require_weights and not has_weights:
         raise ValueError(
             f"--model {model!r}: the folder has no *.safetensors weights "
-            "(or model.safetensors.index.json)"
+            "(or model.safetensors.index.json); with --load-format dummy config.json is enough"
         )
     return path.resolve()
 

@@ -123,3 +123,34 @@ def test_loads_in_transformers_and_answers_paris(default_model_dir: Path) -> Non
     out = model.generate(**inputs, max_new_tokens=30, do_sample=False)
     answer = tok.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
     assert "Paris" in answer, answer
+
+
+def test_resolve_model_config_only_folder_for_dummy_weights(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match="load-format dummy"):
+        resolve_model(str(tmp_path))
+    assert resolve_model(str(tmp_path), require_weights=False) == tmp_path.resolve()
+    with pytest.raises(ValueError, match="no config.json"):
+        (tmp_path / "config.json").unlink()
+        resolve_model(str(tmp_path), require_weights=False)
+
+
+def test_worker_builds_dummy_model_from_config_only_folder(tmp_path: Path) -> None:
+    import argparse
+    import json
+
+    from pdserve.worker import add_worker_args, build
+
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+              "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "num_hidden_layers": 2, "vocab_size": 300, "max_position_embeddings": 512,
+              "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    p = argparse.ArgumentParser()
+    add_worker_args(p)
+    base = ["--port", "1", "--model", str(tmp_path), "--device", "cpu", "--max-model-len", "256",
+            "--num-blocks", "32", "--max-num-seqs", "4"]
+    built = build(p.parse_args([*base, "--load-format", "dummy"]))
+    assert built.spec.vocab_size == 300 and built.runner.num_blocks == 32
+    with pytest.raises(ValueError, match="safetensors"):
+        build(p.parse_args(base))
