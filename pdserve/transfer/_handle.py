@@ -6,6 +6,7 @@ import threading
 import time
 from abc import abstractmethod
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -48,16 +49,23 @@ class ChunkSendHandle(SendHandle):
             if self._state.final:
                 return
             self._state = TransferState.SENDING
+        for chunk, nbytes in self._encode(layer, src_block_ids, dst_block_offset):
+            if self._state.final:
+                return
+            self._bytes += nbytes
+            self._chunks += 1
+            self._send(chunk)
+
+    def _encode(
+        self, layer: int, src_block_ids: Sequence[int], dst_block_offset: int
+    ) -> list[tuple[Any, int]]:
+        """Copy one push out of the pool: (message for _send, payload bytes) per chunk.
+        The default makes KvChunks with the bytes inline; nccl and cuda_ipc override it."""
         chunks = encode_layer(
             self._pool, layer, src_block_ids, dst_block_offset,
             self._target.request_id, self._hash, self._blocks_per_chunk,
         )
-        for chunk in chunks:
-            if self._state.final:
-                return
-            self._bytes += len(chunk.data)
-            self._chunks += 1
-            self._send(chunk)
+        return [(chunk, len(chunk.data)) for chunk in chunks]
 
     def finish(self, timeout: float) -> TransferStats:
         with self._lock:
@@ -101,8 +109,8 @@ class ChunkSendHandle(SendHandle):
             self._error = err
 
     @abstractmethod
-    def _send(self, chunk: kv_pb2.KvChunk) -> None:
-        """Hand one data chunk to the transport (must not block on the network)."""
+    def _send(self, chunk: Any) -> None:
+        """Hand one data chunk (what _encode made) to the transport (must not block on the network)."""
 
     @abstractmethod
     def _complete(self, last: kv_pb2.KvChunk, timeout: float) -> kv_pb2.PushAck:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -83,6 +83,30 @@ class ReceiverCore(KvReceiver):
     def apply(self, chunk: kv_pb2.KvChunk) -> kv_pb2.PushAck | None:
         """Validate and write one chunk; return the PushAck after the last one.
         Raises ChunkRejected (nothing written) when the chunk may not be applied."""
+        return self._apply(
+            chunk, len(chunk.data), lambda dst: self._write(chunk.layer, dst, chunk.data)
+        )
+
+    def apply_tensor(
+        self, header: kv_pb2.KvChunk, data: torch.Tensor | None
+    ) -> kv_pb2.PushAck | None:
+        """Like apply(), for a payload that travelled as a uint8 tensor (`header.data` empty;
+        None for the last chunk). The tensor is a scratch buffer, never the pool."""
+        size = 0 if data is None else data.numel()
+        return self._apply(
+            header, size, lambda dst: self._write_tensor(header.layer, dst, data)
+        )
+
+    def account(self, header: kv_pb2.KvChunk, data_len: int) -> kv_pb2.PushAck | None:
+        """Validate and count a chunk whose payload the peer wrote itself (cuda_ipc)."""
+        return self._apply(header, data_len, None)
+
+    def _apply(
+        self,
+        chunk: kv_pb2.KvChunk,
+        data_len: int,
+        write: Callable[[tuple[int, ...]], None] | None,
+    ) -> kv_pb2.PushAck | None:
         res = self._lookup(chunk.request_id)
         with res.lock:
             if res.forgotten:
@@ -92,10 +116,10 @@ class ReceiverCore(KvReceiver):
                     grpc.StatusCode.INVALID_ARGUMENT,
                     f"request {chunk.request_id} already received its last chunk",
                 )
-            dst = check_chunk(chunk, self.layout, res.block_ids)
-            if dst:
-                self._write(chunk.layer, dst, chunk.data)
-            res.bytes += len(chunk.data)
+            dst = check_chunk(chunk, self.layout, res.block_ids, data_len)
+            if dst and write is not None:
+                write(dst)
+            res.bytes += data_len
             res.chunks += 1
             if not chunk.last:
                 return None
@@ -115,9 +139,14 @@ class ReceiverCore(KvReceiver):
         raise ChunkRejected(grpc.StatusCode.NOT_FOUND, f"request {request_id!r} is not expected")
 
     def _write(self, layer: int, dst: tuple[int, ...], data: bytes) -> None:
-        shape = (2, len(dst), *self._pool.shape[3:])
         # bytearray: torch.frombuffer warns on read-only buffers such as protobuf bytes.
-        src = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(self._dtype).view(shape)
+        self._write_tensor(layer, dst, torch.frombuffer(bytearray(data), dtype=torch.uint8))
+
+    def _write_tensor(self, layer: int, dst: tuple[int, ...], data: torch.Tensor | None) -> None:
+        if data is None:
+            raise ChunkRejected(grpc.StatusCode.INVALID_ARGUMENT, "chunk without data")
+        shape = (2, len(dst), *self._pool.shape[3:])
+        src = data.view(self._dtype).view(shape)
         index = torch.tensor(dst, dtype=torch.long, device=self._pool.device)
         self._pool[layer][:, index] = src.to(self._pool.device)
         if self._pool.is_cuda:  # visible before the ack

@@ -70,36 +70,51 @@ def encode_layer(
 ) -> list[kv_pb2.KvChunk]:
     """Copy layer `layer` of the source blocks out of the pool into KvChunks of at most
     `blocks_per_chunk` blocks each (K then V per chunk). The copies are done when this returns."""
-    num_layers, _, num_blocks = kv_pool.shape[:3]
-    if not 0 <= layer < num_layers:
-        raise ValueError(f"layer {layer} out of range [0, {num_layers})")
-    if any(not 0 <= b < num_blocks for b in src_block_ids):
-        raise ValueError(f"source block ids out of range [0, {num_blocks}): {src_block_ids}")
     chunks = []
-    for start in range(0, len(src_block_ids), blocks_per_chunk):
-        ids = list(src_block_ids[start : start + blocks_per_chunk])
-        index = torch.tensor(ids, dtype=torch.long, device=kv_pool.device)
-        # Advanced indexing gathers into a fresh contiguous [2, n, B, H, D] tensor.
-        data = kv_pool[layer][:, index].cpu().view(torch.uint8).numpy().tobytes()
+    for start, gathered in gather_layer(kv_pool, layer, src_block_ids, blocks_per_chunk):
         chunks.append(
             kv_pb2.KvChunk(
                 request_id=request_id,
                 layout_hash=layout_hash,
                 layer=layer,
                 block_offset=dst_block_offset + start,
-                num_blocks=len(ids),
-                data=data,
+                num_blocks=gathered.shape[1],
+                data=gathered.cpu().view(torch.uint8).numpy().tobytes(),
             )
         )
     return chunks
 
 
+def gather_layer(
+    kv_pool: torch.Tensor, layer: int, src_block_ids: Sequence[int], blocks_per_chunk: int
+) -> list[tuple[int, torch.Tensor]]:
+    """Check the source range and gather layer `layer` of the blocks into fresh contiguous
+    [2, n, B, H, D] tensors of at most `blocks_per_chunk` blocks, on the pool's device.
+    Returns (index of the first block within src_block_ids, tensor) pairs."""
+    num_layers, _, num_blocks = kv_pool.shape[:3]
+    if not 0 <= layer < num_layers:
+        raise ValueError(f"layer {layer} out of range [0, {num_layers})")
+    if any(not 0 <= b < num_blocks for b in src_block_ids):
+        raise ValueError(f"source block ids out of range [0, {num_blocks}): {src_block_ids}")
+    out = []
+    for start in range(0, len(src_block_ids), blocks_per_chunk):
+        ids = list(src_block_ids[start : start + blocks_per_chunk])
+        index = torch.tensor(ids, dtype=torch.long, device=kv_pool.device)
+        # Advanced indexing gathers into a fresh contiguous [2, n, B, H, D] tensor.
+        out.append((start, kv_pool[layer][:, index]))
+    return out
+
+
 def check_chunk(
-    chunk: kv_pb2.KvChunk, layout: KvLayout, reserved: Sequence[int]
+    chunk: kv_pb2.KvChunk,
+    layout: KvLayout,
+    reserved: Sequence[int],
+    data_len: int | None = None,
 ) -> tuple[int, ...]:
     """Validate a chunk of an expected request against the receiver's layout and the
     request's reserved blocks; return the destination block ids (from the reservation,
-    never from the wire). Raises ChunkRejected."""
+    never from the wire). `data_len` is the payload size when the payload travels outside
+    `chunk.data` (nccl: a separate tensor; cuda_ipc: written by the peer). Raises ChunkRejected."""
     if chunk.layout_hash != layout.compat_hash():
         raise ChunkRejected(
             grpc.StatusCode.FAILED_PRECONDITION,
@@ -118,10 +133,11 @@ def check_chunk(
             f"blocks [{chunk.block_offset}, {end}) outside the {len(reserved)} reserved blocks",
         )
     want = chunk.num_blocks * block_bytes(layout)
-    if len(chunk.data) != want:
+    got = len(chunk.data) if data_len is None else data_len
+    if got != want:
         raise ChunkRejected(
             grpc.StatusCode.INVALID_ARGUMENT,
-            f"data is {len(chunk.data)} bytes, {chunk.num_blocks} blocks need {want}",
+            f"data is {got} bytes, {chunk.num_blocks} blocks need {want}",
         )
     return tuple(reserved[chunk.block_offset : end])
 

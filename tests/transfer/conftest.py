@@ -1,4 +1,5 @@
-"""Fixtures that run the same transfer tests over the tcp and the loopback backend."""
+"""Fixtures that run the same transfer tests over the tcp, loopback and nccl (gloo on CPU)
+backends."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from pdserve.transfer._receiver import ReceiverCore
 from pdserve.transfer._wire import ChunkRejected
 from pdserve.transfer.base import KvSender, KvTargetSpec
 from pdserve.transfer.loopback import LoopbackKvReceiver, LoopbackKvSender
+from pdserve.transfer.nccl import NcclKvReceiver, NcclKvSender
 from pdserve.transfer.tcp import TCP_GRPC_OPTIONS, TcpKvReceiver, TcpKvSender
 
 # The suite runs with --import-mode=importlib: make transfer_helpers.py importable by the tests.
@@ -63,12 +65,14 @@ class Link:
             channel.close()
         if self.server is not None:
             self.server.stop()
+        if isinstance(self.receiver, NcclKvReceiver):
+            self.receiver.close()
 
 
 Connect = Callable[..., Link]
 
 
-@pytest.fixture(params=["tcp", "loopback"])
+@pytest.fixture(params=["tcp", "loopback", "nccl"])
 def connect(request: pytest.FixtureRequest) -> Iterator[Connect]:
     """connect(dst_pool, receiver_layout, sender_layout=None, chunk_bytes=4 MiB) -> Link."""
     links: list[Link] = []
@@ -85,6 +89,10 @@ def connect(request: pytest.FixtureRequest) -> Iterator[Connect]:
             server = AioServer(receiver)
             sender = TcpKvSender(sender_layout, chunk_bytes)
             link = Link("tcp", receiver, server.address, sender, server)
+        elif request.param == "nccl":
+            nccl_receiver = NcclKvReceiver(dst_pool, receiver_layout, peer_timeout=10.0)
+            nccl_sender = NcclKvSender(sender_layout, chunk_bytes, peer_timeout=10.0)
+            link = Link("nccl", nccl_receiver, nccl_receiver.kv_address, nccl_sender)
         else:
             loop_receiver = LoopbackKvReceiver(dst_pool, receiver_layout)
             loop_sender = LoopbackKvSender(sender_layout, {"decode-0": loop_receiver}, chunk_bytes)
