@@ -37,9 +37,12 @@ def error_body(e: GatewayError) -> tuple[int, dict]:
     status, kind = STATUS.get(e.code, (500, "internal_error"))
     param = schema.openai_param(e.field)
     code = e.code.name.lower()
+    message = e.message
+    if e.field and param and message.startswith(e.field + ":"):
+        message = param + message[len(e.field):]  # say it in the OpenAI parameter's name
     if param == "model" and status == 400:
         status, code = 404, "model_not_found"
-    return status, {"error": {"message": e.message, "type": kind, "param": param, "code": code}}
+    return status, {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 def error_response(e: GatewayError) -> web.Response:

@@ -1,0 +1,114 @@
+"""The gateway's OpenAI-compatible HTTP face, driven by the official `openai` client, unchanged."""
+
+from __future__ import annotations
+
+import asyncio
+
+import openai
+import pytest
+
+from pdserve.client import Client
+from pdserve.launch import Stack, free_port
+from pdtest.stack import assert_no_leaks
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def http(default_model_dir):
+    """(stack, base_url): gateway with --http-port and a queue of 2 (to show 429)."""
+    port = free_port()
+    with Stack(model=str(default_model_dir), worker_args=["--max-model-len", "512"],
+               gateway_args=["--max-model-len", "512", "--http-port", str(port),
+                             "--max-queued-requests", "2"]) as st:
+        yield st, f"http://127.0.0.1:{port}/v1"
+
+
+@pytest.fixture
+def client(http):
+    stack, url = http
+    c = openai.OpenAI(base_url=url, api_key="x", max_retries=0)
+    yield c
+    c.close()
+    assert_no_leaks(stack)
+
+
+def test_models(client, default_model_dir):
+    assert [m.id for m in client.models.list().data] == [default_model_dir.name]
+
+
+def test_completion_equals_grpc_and_reports_usage(http, client):
+    stack, _ = http
+    r = client.completions.create(model="", prompt="The quick brown fox", max_tokens=8, temperature=0,
+                                  extra_body={"ignore_eos": True})
+    with Client(stack.gateway) as g:
+        text, ids, done = g.generate(text="The quick brown fox", max_tokens=8, temperature=0.0, ignore_eos=True)
+    assert r.choices[0].text == text and r.choices[0].finish_reason == "length"
+    assert r.usage.completion_tokens == 8 and r.usage.prompt_tokens == done.usage.prompt_tokens
+    assert r.usage.total_tokens == r.usage.prompt_tokens + 8 and r.id.startswith("cmpl-")
+
+
+def test_streamed_completion_with_usage(client):
+    kw = dict(model="", prompt="Once upon a time", max_tokens=10, temperature=0, extra_body={"ignore_eos": True})
+    whole = client.completions.create(**kw).choices[0].text
+    chunks = list(client.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 10
+
+
+def test_streaming_chat_returns_text(client):
+    stream = client.chat.completions.create(model="", messages=[{"role": "user", "content": "What is the capital of France?"}],
+                                            max_tokens=16, temperature=0, stream=True)
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert "Paris" in text
+    assert chunks[0].choices[0].delta.role == "assistant" and chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_chat_whole(client):
+    r = client.chat.completions.create(model="", messages=[{"role": "user", "content": "What is the capital of France?"}],
+                                       max_tokens=16, temperature=0)
+    assert "Paris" in r.choices[0].message.content and r.choices[0].message.role == "assistant"
+    assert r.usage.completion_tokens > 0 and r.object == "chat.completion"
+
+
+@pytest.mark.parametrize("kw, param", [
+    ({"temperature": -1}, "temperature"), ({"top_p": 1.5}, "top_p"), ({"max_tokens": 0}, "max_tokens"),
+    ({"max_tokens": 100000}, "max_tokens"), ({"n": 3}, "n"), ({"temperature": "hot"}, "temperature"),
+    ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
+])
+def test_bad_parameter_is_400_naming_it(client, kw, param):
+    body = {"model": "", "messages": [{"role": "user", "content": "Hi"}], **kw}
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(**{k: v for k, v in body.items() if k in ("model", "messages")},
+                                       extra_body={k: v for k, v in body.items() if k not in ("model", "messages")})
+    assert err.value.status_code == 400 and err.value.body["param"] == param
+    assert err.value.body["message"].startswith(param)
+
+
+def test_unknown_model_is_404(client):
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="no-such-model", prompt="Hi", max_tokens=2)
+
+
+def test_backpressure_is_429_with_retry_after(http):
+    stack, url = http
+
+    async def one(c: openai.AsyncOpenAI, i: int):
+        try:
+            return await c.completions.create(model="", prompt=f"{i} Tell me a story " * 30, max_tokens=4,
+                                              temperature=0, extra_body={"ignore_eos": True})
+        except openai.RateLimitError as e:
+            return e
+
+    async def main() -> list:
+        async with openai.AsyncOpenAI(base_url=url, api_key="x", max_retries=0) as c:
+            return list(await asyncio.gather(*(one(c, i) for i in range(12))))
+
+    results = asyncio.run(main())
+    limited = [r for r in results if isinstance(r, openai.RateLimitError)]
+    assert limited and len(limited) < 12
+    assert all(int(e.response.headers["retry-after"]) >= 1 for e in limited)
+    assert all(r.usage.completion_tokens == 4 for r in results if not isinstance(r, Exception))
+    assert_no_leaks(stack)
