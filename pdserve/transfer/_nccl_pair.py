@@ -178,3 +178,4 @@ class SenderPair:
         except dist.DistError:
             pass
         _p2p.abort_group(self._group)
+        self._group = None  # destroyed now, not during interpreter teardown (gloo aborts there)

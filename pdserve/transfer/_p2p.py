@@ -142,8 +142,10 @@ def wait_work(work: dist.Work, device: torch.device, timeout: float) -> None:
 
 
 def abort_group(group: dist.Backend | None) -> None:
-    """Best-effort teardown so that no operation of the pair stays blocked."""
-    if group is None:
+    """Best-effort teardown so that no NCCL operation of the pair stays blocked. Gloo groups
+    are left to garbage collection: their operations fail on their own when the socket closes
+    or the group timeout passes (abort() on gloo terminates the process at exit)."""
+    if group is None or not isinstance(group, getattr(dist, "ProcessGroupNCCL", ())):
         return
     for name in ("abort", "shutdown"):
         fn = getattr(group, name, None)

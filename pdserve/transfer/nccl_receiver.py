@@ -137,6 +137,7 @@ class _ReceiverPair:
                 log.warning("KV pair %d broken: %s", self._id, err)
         finally:
             _p2p.abort_group(self._group)
+            self._group = None
 
     def stop(self) -> None:
         self.state = PairState.CLOSED
