@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13pdserve/v1/kv.proto\x12\npdserve.v1\"\xb7\x01\n\x08KvLayout\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nnum_layers\x18\x02 \x01(\r\x12\x14\n\x0cnum_kv_heads\x18\x03 \x01(\r\x12\x10\n\x08head_dim\x18\x04 \x01(\r\x12\x12\n\nblock_size\x18\x05 \x01(\r\x12\r\n\x05\x64type\x18\x06 \x01(\t\x12\x0f\n\x07tp_rank\x18\x07 \x01(\r\x12\x0f\n\x07tp_size\x18\x08 \x01(\r\x12\r\n\x05order\x18\t \x01(\t\x12\x0c\n\x04hash\x18\n \x01(\t\"6\n\x0eHandshakeReply\x12$\n\x06layout\x18\x01 \x01(\x0b\x32\x14.pdserve.v1.KvLayout\"\x87\x01\n\x07KvChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0blayout_hash\x18\x02 \x01(\t\x12\r\n\x05layer\x18\x03 \x01(\r\x12\x14\n\x0c\x62lock_offset\x18\x04 \x01(\r\x12\x12\n\nnum_blocks\x18\x05 \x01(\r\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\x12\x0c\n\x04last\x18\x07 \x01(\x08\"(\n\x07PushAck\x12\r\n\x05\x62ytes\x18\x01 \x01(\x04\x12\x0e\n\x06\x63hunks\x18\x02 \x01(\r2\x7f\n\nKvTransfer\x12=\n\tHandshake\x12\x14.pdserve.v1.KvLayout\x1a\x1a.pdserve.v1.HandshakeReply\x12\x32\n\x04Push\x12\x13.pdserve.v1.KvChunk\x1a\x13.pdserve.v1.PushAck(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13pdserve/v1/kv.proto\x12\npdserve.v1\"\xb7\x01\n\x08KvLayout\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nnum_layers\x18\x02 \x01(\r\x12\x14\n\x0cnum_kv_heads\x18\x03 \x01(\r\x12\x10\n\x08head_dim\x18\x04 \x01(\r\x12\x12\n\nblock_size\x18\x05 \x01(\r\x12\r\n\x05\x64type\x18\x06 \x01(\t\x12\x0f\n\x07tp_rank\x18\x07 \x01(\r\x12\x0f\n\x07tp_size\x18\x08 \x01(\r\x12\r\n\x05order\x18\t \x01(\t\x12\x0c\n\x04hash\x18\n \x01(\t\"K\n\x0eHandshakeReply\x12$\n\x06layout\x18\x01 \x01(\x0b\x32\x14.pdserve.v1.KvLayout\x12\x13\n\x0bpool_export\x18\x02 \x01(\x0c\"\x87\x01\n\x07KvChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0blayout_hash\x18\x02 \x01(\t\x12\r\n\x05layer\x18\x03 \x01(\r\x12\x14\n\x0c\x62lock_offset\x18\x04 \x01(\r\x12\x12\n\nnum_blocks\x18\x05 \x01(\r\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\x12\x0c\n\x04last\x18\x07 \x01(\x08\"(\n\x07PushAck\x12\r\n\x05\x62ytes\x18\x01 \x01(\x04\x12\x0e\n\x06\x63hunks\x18\x02 \x01(\r2\x7f\n\nKvTransfer\x12=\n\tHandshake\x12\x14.pdserve.v1.KvLayout\x1a\x1a.pdserve.v1.HandshakeReply\x12\x32\n\x04Push\x12\x13.pdserve.v1.KvChunk\x1a\x13.pdserve.v1.PushAck(\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,11 +34,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_KVLAYOUT']._serialized_start=36
   _globals['_KVLAYOUT']._serialized_end=219
   _globals['_HANDSHAKEREPLY']._serialized_start=221
-  _globals['_HANDSHAKEREPLY']._serialized_end=275
-  _globals['_KVCHUNK']._serialized_start=278
-  _globals['_KVCHUNK']._serialized_end=413
-  _globals['_PUSHACK']._serialized_start=415
-  _globals['_PUSHACK']._serialized_end=455
-  _globals['_KVTRANSFER']._serialized_start=457
-  _globals['_KVTRANSFER']._serialized_end=584
+  _globals['_HANDSHAKEREPLY']._serialized_end=296
+  _globals['_KVCHUNK']._serialized_start=299
+  _globals['_KVCHUNK']._serialized_end=434
+  _globals['_PUSHACK']._serialized_start=436
+  _globals['_PUSHACK']._serialized_end=476
+  _globals['_KVTRANSFER']._serialized_start=478
+  _globals['_KVTRANSFER']._serialized_end=605
 # @@protoc_insertion_point(module_scope)

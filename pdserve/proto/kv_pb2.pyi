@@ -30,10 +30,12 @@ class KvLayout(_message.Message):
     def __init__(self, model: _Optional[str] = ..., num_layers: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., block_size: _Optional[int] = ..., dtype: _Optional[str] = ..., tp_rank: _Optional[int] = ..., tp_size: _Optional[int] = ..., order: _Optional[str] = ..., hash: _Optional[str] = ...) -> None: ...
 
 class HandshakeReply(_message.Message):
-    __slots__ = ("layout",)
+    __slots__ = ("layout", "pool_export")
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    POOL_EXPORT_FIELD_NUMBER: _ClassVar[int]
     layout: KvLayout
-    def __init__(self, layout: _Optional[_Union[KvLayout, _Mapping]] = ...) -> None: ...
+    pool_export: bytes
+    def __init__(self, layout: _Optional[_Union[KvLayout, _Mapping]] = ..., pool_export: _Optional[bytes] = ...) -> None: ...
 
 class KvChunk(_message.Message):
     __slots__ = ("request_id", "layout_hash", "layer", "block_offset", "num_blocks", "data", "last")

@@ -1,0 +1,189 @@
+"""cuda_ipc backend: the prefill worker writes straight into the decode worker's pool.
+
+The decode worker exports its pool's CUDA IPC handle once, in the KvTransfer Handshake reply
+(`pool_export`, JSON: no pickle). The prefill worker maps it once per decode address and, per
+push, copies the request's blocks of one layer with one gather/scatter (index_put_) on a
+dedicated stream; the engine's stream then waits on that copy, so the caller may overwrite its
+blocks right away. The KvTransfer Push stream carries only metadata KvChunks (no data; the
+decode side validates them against the reservation and counts bytes) and, after the copy
+stream is synchronised in finish(), the last chunk: the write is visible before the decode
+side marks the request complete and before finish() reports success.
+
+No silent fallback: a pool not on CUDA, a peer in another PID namespace, a peer GPU not
+visible here, or a failing cudaIpcOpenMemHandle raise CudaIpcUnavailable with the reason.
+Known limit: a push that is already on the copy stream when the decode side forgets the
+request still lands (at most one layer); the receiver then refuses the next metadata chunk,
+which fails the sender, so no later layer is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+import torch
+
+from pdserve.core.kv_layout import KvLayout
+from pdserve.proto import kv_pb2, kv_pb2_grpc
+from pdserve.transfer._wire import ChunkRejected, block_bytes, torch_dtype
+from pdserve.transfer.base import (
+    KvTargetSpec, LayoutMismatch, TransferError, layout_from_proto, layout_to_proto,
+    mismatch_message,
+)
+from pdserve.transfer.tcp import TcpKvReceiver, TcpKvSender, _TcpSendHandle, _rpc_error
+
+
+class CudaIpcUnavailable(RuntimeError):
+    """CUDA IPC cannot work between these two workers; the message says why."""
+
+
+def _pid_namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return "unknown"
+
+
+def export_pool(pool: torch.Tensor) -> bytes:
+    """The JSON export of a CUDA pool's IPC handle (the storage is shared once)."""
+    if not pool.is_cuda:
+        raise CudaIpcUnavailable(f"cuda_ipc needs the KV pool on a CUDA device; it is on {pool.device}")
+    (device, handle, size, offset, ref_handle, ref_offset, event_handle, event_sync) = (
+        pool.untyped_storage()._share_cuda_()
+    )
+    return json.dumps({
+        "device": device, "handle": handle.hex(), "size": size, "offset": offset,
+        "ref_handle": ref_handle.hex(), "ref_offset": ref_offset,
+        "event_handle": event_handle.hex(), "event_sync": bool(event_sync),
+        "shape": list(pool.shape), "stride": list(pool.stride()),
+        "storage_offset": pool.storage_offset(), "dtype": str(pool.dtype),
+        "uuid": str(torch.cuda.get_device_properties(pool.device).uuid),
+        "pid_ns": _pid_namespace(),
+    }).encode()
+
+
+def _local_device(uuid: str) -> int:
+    for index in range(torch.cuda.device_count()):
+        if str(torch.cuda.get_device_properties(index).uuid) == uuid:
+            return index
+    raise CudaIpcUnavailable(f"the decode worker's GPU {uuid} is not visible here "
+                             f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})")
+
+
+def map_pool(raw: bytes, layout: KvLayout) -> torch.Tensor:
+    """Map a peer's exported pool; CudaIpcUnavailable with the reason when impossible."""
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+    if not raw:
+        raise CudaIpcUnavailable("the decode worker exported no pool (is it running --kv-transfer cuda_ipc?)")
+    exp = json.loads(raw)
+    if exp["pid_ns"] != _pid_namespace():
+        raise CudaIpcUnavailable(f"decode worker is in PID namespace {exp['pid_ns']}, this one in "
+                                 f"{_pid_namespace()}: CUDA IPC needs one (share --pid=host)")
+    if not torch.cuda.is_available():
+        raise CudaIpcUnavailable("no CUDA device is visible to this worker")
+    device = _local_device(exp["uuid"])
+    if str(torch_dtype(layout)) != exp["dtype"]:
+        raise CudaIpcUnavailable(f"exported pool dtype {exp['dtype']} != layout {layout.dtype}")
+    try:
+        return rebuild_cuda_tensor(
+            torch.Tensor, tuple(exp["shape"]), tuple(exp["stride"]), exp["storage_offset"],
+            torch.UntypedStorage, torch_dtype(layout), device, bytes.fromhex(exp["handle"]),
+            exp["size"], exp["offset"], False, bytes.fromhex(exp["ref_handle"]),
+            exp["ref_offset"], bytes.fromhex(exp["event_handle"]), exp["event_sync"],
+        )
+    except RuntimeError as err:
+        raise CudaIpcUnavailable(f"cudaIpcOpenMemHandle failed: {err}") from None
+
+
+class CudaIpcKvReceiver(TcpKvReceiver):
+    """Decode side: exports the pool at construction (refuses a non-CUDA pool) and accepts
+    metadata-only chunks on the KvTransfer stream."""
+
+    def __init__(self, kv_pool: torch.Tensor, layout: KvLayout, **kw: Any) -> None:
+        self._export = export_pool(kv_pool)
+        super().__init__(kv_pool, layout, **kw)
+
+    async def Handshake(self, request: kv_pb2.KvLayout, context: grpc.aio.ServicerContext
+                        ) -> kv_pb2.HandshakeReply:
+        reply = await super().Handshake(request, context)
+        reply.pool_export = self._export
+        return reply
+
+    def apply(self, chunk: kv_pb2.KvChunk) -> kv_pb2.PushAck | None:
+        if chunk.data:
+            raise ChunkRejected(grpc.StatusCode.INVALID_ARGUMENT, "cuda_ipc chunks carry no data")
+        return self.account(chunk, chunk.num_blocks * block_bytes(self.layout))
+
+
+class CudaIpcKvSender(TcpKvSender):
+    """Prefill side: maps each decode worker's pool once, then copies GPU to GPU."""
+
+    def __init__(self, layout: KvLayout, **kw: Any) -> None:
+        super().__init__(layout, **kw)
+        self._mapped: dict[str, torch.Tensor] = {}
+        self._map_lock = threading.Lock()
+
+    def start(self, target: KvTargetSpec, kv_pool: torch.Tensor) -> _IpcSendHandle:
+        if not kv_pool.is_cuda:
+            raise CudaIpcUnavailable(f"cuda_ipc needs the KV pool on a CUDA device; it is on {kv_pool.device}")
+        stub = kv_pb2_grpc.KvTransferStub(self._channel(target.address))
+        remote = self._remote(target.address, stub)
+        if target.layout_hash != self.layout.compat_hash():
+            raise LayoutMismatch(f"target names layout hash {target.layout_hash}, mine is "
+                                 f"{self.layout.compat_hash()} [{self.layout.describe()}]")
+        if any(not 0 <= b < remote.shape[2] for b in target.block_ids):
+            raise ValueError(f"target blocks outside the decode pool of {remote.shape[2]} blocks")
+        return _IpcSendHandle(target, kv_pool, self.layout, stub, self._call_timeout, remote)
+
+    def _remote(self, address: str, stub: kv_pb2_grpc.KvTransferStub) -> torch.Tensor:
+        with self._map_lock:
+            if address in self._mapped:
+                return self._mapped[address]
+            try:
+                reply = stub.Handshake(layout_to_proto(self.layout), timeout=self._handshake_timeout)
+            except grpc.RpcError as err:
+                raise _rpc_error(err) from None
+            peer = layout_from_proto(reply.layout)
+            if peer.compat_hash() != self.layout.compat_hash():
+                raise LayoutMismatch(mismatch_message(self.layout, peer))
+            self._mapped[address] = map_pool(reply.pool_export, self.layout)
+            return self._mapped[address]
+
+
+class _IpcSendHandle(_TcpSendHandle):
+    """Copies on its own stream; the Push stream carries metadata and the final chunk."""
+
+    def __init__(self, target: KvTargetSpec, kv_pool: torch.Tensor, layout: KvLayout,
+                 stub: kv_pb2_grpc.KvTransferStub, call_timeout: float, remote: torch.Tensor) -> None:
+        super().__init__(target, kv_pool, layout, 1 << 30, stub, call_timeout, on_mismatch=lambda: None)
+        self._remote = remote
+        self._stream = torch.cuda.Stream(device=kv_pool.device)
+        self._block_bytes = block_bytes(layout)
+
+    def _encode(self, layer: int, src_block_ids: Sequence[int], dst_block_offset: int
+                ) -> list[tuple[Any, int]]:
+        num_layers, _, num_blocks = self._pool.shape[:3]
+        if not 0 <= layer < num_layers or any(not 0 <= b < num_blocks for b in src_block_ids):
+            raise ValueError(f"layer {layer} or source blocks {list(src_block_ids)} out of range")
+        dst = self._target.block_ids[dst_block_offset : dst_block_offset + len(src_block_ids)]
+        device = self._pool.device
+        current = torch.cuda.current_stream(device)
+        self._stream.wait_stream(current)  # the layer was written on the engine's stream
+        with torch.cuda.stream(self._stream):
+            src_index = torch.tensor(list(src_block_ids), dtype=torch.long, device=device)
+            dst_index = torch.tensor(list(dst), dtype=torch.long, device=device)
+            self._remote[layer].index_copy_(1, dst_index, self._pool[layer].index_select(1, src_index))
+        current.wait_stream(self._stream)  # the engine may overwrite its blocks after this
+        meta = kv_pb2.KvChunk(request_id=self._target.request_id, layout_hash=self._hash,
+                              layer=layer, block_offset=dst_block_offset,
+                              num_blocks=len(src_block_ids))
+        return [(meta, len(src_block_ids) * self._block_bytes)]
+
+    def _complete(self, last: kv_pb2.KvChunk, timeout: float) -> kv_pb2.PushAck:
+        self._stream.synchronize()  # every write is done and visible before the last chunk
+        return super()._complete(last, timeout)

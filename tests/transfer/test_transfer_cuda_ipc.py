@@ -1,0 +1,73 @@
+"""cuda_ipc: refusals that can be checked anywhere, and (under `gpu`) prefill and decode as
+two processes on one GPU."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from pdserve.transfer import make_receiver
+from pdserve.transfer.base import KvTargetSpec
+from pdserve.transfer.cuda_ipc import CudaIpcKvSender, CudaIpcUnavailable, map_pool
+from transfer_helpers import layer_bytes, make_layout, poisoned_pool, random_pool
+
+HERE = Path(__file__).parent
+SRC, DST = [5, 0, 22, 9, 30], [17, 3, 29, 8, 11]
+
+
+def test_receiver_refuses_a_pool_not_on_cuda() -> None:
+    layout = make_layout()
+    with pytest.raises(CudaIpcUnavailable, match="CUDA device; it is on cpu"):
+        make_receiver("cuda_ipc", poisoned_pool(layout, 8), layout)
+
+
+def test_sender_refuses_a_pool_not_on_cuda() -> None:
+    layout = make_layout()
+    sender = CudaIpcKvSender(layout)
+    target = KvTargetSpec("r1", (0,), "127.0.0.1:1", layout.compat_hash(), "cuda_ipc")
+    with pytest.raises(CudaIpcUnavailable, match="CUDA device"):
+        sender.start(target, random_pool(layout, 8))
+    sender.close()
+
+
+def test_map_refuses_other_pid_namespace_and_empty_export() -> None:
+    layout = make_layout()
+    with pytest.raises(CudaIpcUnavailable, match="exported no pool"):
+        map_pool(b"", layout)
+    with pytest.raises(CudaIpcUnavailable, match="PID namespace"):
+        map_pool(b'{"pid_ns": "pid:[1]"}', layout)
+
+
+@pytest.mark.gpu
+def test_two_processes_one_gpu_round_trip() -> None:
+    layout = make_layout("bfloat16")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.Popen([sys.executable, str(HERE / "ipc_peer.py")], env=env, text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        address = proc.stdout.readline().split()[1]
+        src = random_pool(layout, 32).cuda()
+        sender = CudaIpcKvSender(layout)
+        handle = sender.start(KvTargetSpec("r1", tuple(DST), address, layout.compat_hash(),
+                                           "cuda_ipc"), src)
+        for layer in range(layout.num_layers):
+            handle.push(layer, SRC[:2], 0)
+            handle.push(layer, SRC[2:], 2)
+        stats = handle.finish(timeout=30)
+        expected = src[:, :, SRC].float().cpu()
+        proc.stdin.write(f"dump r1 {','.join(map(str, DST))}\n")
+        proc.stdin.flush()
+        _, complete, total, absolute = proc.stdout.readline().split()
+        assert complete == "True"
+        assert float(total) == pytest.approx(expected.sum().item(), rel=1e-4, abs=1e-3)
+        assert float(absolute) == pytest.approx(expected.abs().sum().item(), rel=1e-4)
+        assert stats.bytes == layout.num_layers * layer_bytes(layout, len(SRC))
+        sender.close()
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)
