@@ -14,6 +14,7 @@ def parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(prog="pdserve decode", description="pdserve decode worker")
     add_worker_args(p)
+    p.add_argument("--kv-nccl-port", type=int, default=0, help="nccl: the TCPStore port prefill workers rendezvous at (0: any free)")
     p.add_argument("--lease-ms", type=int, default=10_000, help="reservation lease")
     p.add_argument("--role", default="decode", choices=["decode", "colocated"],
                    help="colocated: serve whole requests (Generate) as well; only the reported role differs")
@@ -29,21 +30,22 @@ async def amain(args: argparse.Namespace) -> None:
 
     built = build(args)
     loop = EngineLoop(built.scheduler, built.runner)
-    if args.kv_transfer != "tcp":
-        raise SystemExit(f"--kv-transfer {args.kv_transfer}: not built yet on the decode worker; use tcp")
-    from pdserve.transfer.tcp import TcpKvReceiver
+    from pdserve.transfer import make_receiver
 
-    receiver = TcpKvReceiver(built.runner.kv_pool, built.runner.layout)
+    kw = {"host": args.advertise_host or args.host, "port": args.kv_nccl_port} if args.kv_transfer == "nccl" else {}
+    receiver = make_receiver(args.kv_transfer, built.runner.kv_pool, built.runner.layout, **kw)
     engine = DecodeEngine(loop, receiver, built.spec.eos_token_ids, args.lease_ms / 1000)
     address = f"{args.host}:{args.port}"
     server = serving.new_server()
     kv_address = f"{args.advertise_host or args.host}:{args.port}"  # where prefill workers send KV
+    kv_address = getattr(receiver, "kv_address", kv_address)  # nccl: its TCPStore
     servicer = DecodeServicer(engine, built.runner.layout, kv_address, args.kv_transfer, built.model_name, args.role)
     worker_pb2_grpc.add_DecodeWorkerServicer_to_server(servicer, server)
     from pdserve.metrics import serve_worker
 
     serve_worker(args.metrics_port, loop, lambda: engine.num_reserved, host=args.host)
-    receiver.add_to_server(server)
+    if hasattr(receiver, "add_to_server"):  # tcp, cuda_ipc: the KvTransfer service
+        receiver.add_to_server(server)
     names = ["pdserve.v1.DecodeWorker", "pdserve.v1.KvTransfer"]
     health = serving.add_health(server, names)
     loop.start()

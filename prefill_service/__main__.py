@@ -25,6 +25,8 @@ async def amain(args: argparse.Namespace) -> None:
     from prefill_service.server import PrefillServicer
 
     built = build(args)
+    if args.kv_transfer == "cuda_ipc" and not built.runner.kv_pool.is_cuda:
+        raise SystemExit(f"--kv-transfer cuda_ipc needs the KV pool on CUDA; it is on {built.runner.kv_pool.device}")
     sender = make_sender(args.kv_transfer, built.runner.layout)
     engine = PrefillEngine(sender, built.spec.eos_token_ids)
     loop = EngineLoop(built.scheduler, built.runner, hook_for_step=engine.hook_for_step)
