@@ -108,3 +108,28 @@ def test_decode_killed_mid_transfer() -> None:
         assert time.monotonic() - t0 < 9
     finally:
         sender.close()
+
+
+@pytest.mark.gpu
+def test_nccl_on_cuda_round_trip() -> None:
+    """Two ranks in one process on the same GPU (NCCL may refuse duplicate GPUs: then the
+    error must be a TransferError, never a hang)."""
+    layout = make_layout("bfloat16")
+    src = random_pool(layout, 32).cuda()
+    dst = poisoned_pool(layout, 32).cuda()
+    want = dst.clone()
+    want[:, :, [3, 7]] = src[:, :, [9, 1]]
+    receiver = NcclKvReceiver(dst, layout, peer_timeout=20.0)
+    sender = NcclKvSender(layout, peer_timeout=20.0)
+    try:
+        receiver.expect("r1", [3, 7])
+        handle = sender.start(KvTargetSpec("r1", (3, 7), receiver.kv_address,
+                                           layout.compat_hash(), "nccl"), src)
+        for layer in range(layout.num_layers):
+            handle.push(layer, [9, 1], 0)
+        handle.finish(timeout=60)
+        torch.cuda.synchronize()
+        assert torch.equal(dst, want)
+    finally:
+        sender.close()
+        receiver.close()
