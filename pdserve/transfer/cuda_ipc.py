@@ -140,6 +140,12 @@ class CudaIpcKvSender(TcpKvSender):
             raise ValueError(f"target blocks outside the decode pool of {remote.shape[2]} blocks")
         return _IpcSendHandle(target, kv_pool, self.layout, stub, self._call_timeout, remote)
 
+    def close(self) -> None:
+        """Unmap the peers' pools and close the channels."""
+        with self._map_lock:
+            self._mapped.clear()
+        super().close()
+
     def _remote(self, address: str, stub: kv_pb2_grpc.KvTransferStub) -> torch.Tensor:
         with self._map_lock:
             if address in self._mapped:

@@ -35,7 +35,7 @@ def dst_blocks(i: int) -> list[int]:
 def prefill(args: argparse.Namespace) -> int:
     layout = make_layout(head_dim=args.head_dim)
     pool = seeded_pool(layout, SRC_BLOCKS)
-    sender = NcclKvSender(layout, peer_timeout=5.0)
+    sender = NcclKvSender(layout, peer_timeout=10.0)
     try:
         handles = [sender.start(KvTargetSpec(f"r{i}", tuple(dst_blocks(i)), args.address,
                                              layout.compat_hash(), "nccl"), pool)
@@ -63,7 +63,7 @@ def prefill(args: argparse.Namespace) -> int:
 
 def decode(args: argparse.Namespace) -> int:
     layout = make_layout()
-    receiver = NcclKvReceiver(poisoned_pool(layout, 8), layout, peer_timeout=5.0)
+    receiver = NcclKvReceiver(poisoned_pool(layout, 8), layout, peer_timeout=10.0)
     receiver.expect("r0", [1, 2])
     print(f"ADDRESS {receiver.kv_address}", flush=True)
     time.sleep(600)
