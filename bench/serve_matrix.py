@@ -391,13 +391,14 @@ def table(path: Path) -> str:
     doc = json.loads(path.read_text())
     by = {(r["mode"], str(r["request_rate"])): r for r in doc["runs"] if "skipped" not in r}
     rates = sorted({str(r["request_rate"]) for r in doc["runs"] if "skipped" not in r}, key=lambda s: float(s))
+    show = lambda rate: f"{float(rate):g}"  # noqa: E731
     lines = ["| rate | mode | TTFT p50 / p90 (ms) | TPOT p50 / p90 (ms) | goodput (req/s) | req/s | out tok/s |",
              "|---|---|---|---|---|---|---|"]
     for rate in rates:
         for mode in MODES:
             r = by.get((mode, rate))
             if r:
-                lines.append(f"| {rate} | {mode} | {r['ttft_ms']['p50']:.0f} / {r['ttft_ms']['p90']:.0f} | "
+                lines.append(f"| {show(rate)} | {mode} | {r['ttft_ms']['p50']:.0f} / {r['ttft_ms']['p90']:.0f} | "
                              f"{r['tpot_ms']['p50']:.1f} / {r['tpot_ms']['p90']:.1f} | {r['goodput']:.2f} | "
                              f"{r['request_throughput']:.2f} | {r['output_throughput']:.0f} |")
     lines += ["", "| rate | goodput disagg : coloc : HF | out tok/s disagg / coloc | out tok/s disagg / HF | "
@@ -407,7 +408,7 @@ def table(path: Path) -> str:
         if not (d and c):
             continue
         ratio = lambda x, y: f"{x / y:.2f}x" if y else "-"  # noqa: E731
-        lines.append(f"| {rate} | {d['goodput']:.2f} : {c['goodput']:.2f} : {h['goodput'] if h else float('nan'):.2f} | "
+        lines.append(f"| {show(rate)} | {d['goodput']:.2f} : {c['goodput']:.2f} : {h['goodput'] if h else float('nan'):.2f} | "
                      f"{ratio(d['output_throughput'], c['output_throughput'])} | "
                      f"{ratio(d['output_throughput'], h['output_throughput']) if h else '-'} | "
                      f"{ratio(d['ttft_ms']['p90'], c['ttft_ms']['p90'])} | {ratio(d['tpot_ms']['p90'], c['tpot_ms']['p90'])} |")
