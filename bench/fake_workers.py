@@ -19,8 +19,6 @@ import asyncio
 import math
 import time
 
-import grpc
-
 from pdserve import serving
 from pdserve.proto import kv_pb2, worker_pb2, worker_pb2_grpc
 

@@ -54,19 +54,16 @@ async def amain(args: argparse.Namespace) -> None:
     async def stop() -> None:
         reaper.cancel()
         loop.stop()
+        if hasattr(receiver, "close"):  # nccl: drop process groups before the interpreter exits
+            receiver.close()
 
     await serving.serve(server, address, health, names, on_stop=stop)
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parser().parse_args(argv)
-    from pdserve.serving import setup_logging
+    from pdserve.serving import run_service
 
-    setup_logging(args.log_level)
-    from pdserve.serving import setup_observability
-
-    setup_observability(args, "pdserve-decode")
-    asyncio.run(amain(args))
+    run_service(parser().parse_args(argv), amain, "pdserve-decode")
 
 
 if __name__ == "__main__":

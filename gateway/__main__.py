@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
 
@@ -89,12 +88,9 @@ async def amain(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parser().parse_args(argv)
-    from pdserve.serving import setup_logging, setup_observability
+    from pdserve.serving import run_service
 
-    setup_logging(args.log_level)
-    setup_observability(args, "pdserve-gateway")
-    asyncio.run(amain(args))
+    run_service(parser().parse_args(argv), amain, "pdserve-gateway")
 
 
 if __name__ == "__main__":

@@ -88,7 +88,7 @@ async def _colocated(job: Job, router: Router, deadline: Deadline, tried: list[W
 
 
 async def _disaggregated(job: Job, router: Router, deadline: Deadline, tried: list[Worker]) -> Tokens:
-    rid, n = job.request_id, len(job.prompt)
+    rid = job.request_id
     with tracer().start_as_current_span("router.select") as span:
         prefill = await router.choose(lambda: router.pick_prefill(job.prompt, tuple(tried)))
         span.set_attribute("pdserve.prefill.address", prefill.address)

@@ -10,7 +10,7 @@ from google.protobuf.message import DecodeError
 
 from gateway.deadline import Deadline
 from gateway.errors import GatewayError
-from gateway.generation import BadRequest, Generation, ModelInfo  # noqa: F401  (ModelInfo re-exported)
+from gateway.generation import BadRequest, Generation
 from gateway.observe import observed
 from gateway.wire_check import bad_field
 from pdserve.metrics import GatewayMetrics

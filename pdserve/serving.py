@@ -132,3 +132,10 @@ def setup_observability(args, service: str) -> bool:
     from pdserve.telemetry import setup
 
     return setup(service, getattr(args, "otlp_traces_endpoint", None))
+
+
+def run_service(args, amain: Callable[..., Awaitable[None]], service_name: str) -> None:
+    """The body of every service's main(): logging, tracing/metrics setup, then the event loop."""
+    setup_logging(args.log_level)
+    setup_observability(args, service_name)
+    asyncio.run(amain(args))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 
 
@@ -49,14 +48,9 @@ async def amain(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parser().parse_args(argv)
-    from pdserve.serving import setup_logging
+    from pdserve.serving import run_service
 
-    setup_logging(args.log_level)
-    from pdserve.serving import setup_observability
-
-    setup_observability(args, "pdserve-prefill")
-    asyncio.run(amain(args))
+    run_service(parser().parse_args(argv), amain, "pdserve-prefill")
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from pdserve.core.kv_layout import KvLayout
 from pdserve.proto import kv_pb2, kv_pb2_grpc
 from pdserve.transfer._wire import ChunkRejected, block_bytes, torch_dtype
 from pdserve.transfer.base import (
-    KvTargetSpec, LayoutMismatch, TransferError, layout_from_proto, layout_to_proto,
+    KvTargetSpec, LayoutMismatch, layout_from_proto, layout_to_proto,
     mismatch_message,
 )
 from pdserve.transfer.tcp import TcpKvReceiver, TcpKvSender, _TcpSendHandle, _rpc_error
