@@ -106,10 +106,11 @@ def pdserve_stack(mode: str, folder: Path, a: argparse.Namespace):
         n_pre = max(1, a.num_gpus // 2)
         n_dec = max(1, a.num_gpus - n_pre)
         util = 0.4 if shared else 0.85
+        kv = ["--kv-transfer", a.kv_transfer]
         plan = [(f"prefill{'' if i == 0 else i + 1}", "prefill_service", 0 if shared else i,
-                 [*common, *gpu_args(util)]) for i in range(n_pre)]
+                 [*common, *gpu_args(util), *kv]) for i in range(n_pre)]
         plan += [(f"decode{'' if i == 0 else i + 1}", "decode_service", 0 if shared else n_pre + i,
-                  [*common, *gpu_args(util)]) for i in range(n_dec)]
+                  [*common, *gpu_args(util), *kv]) for i in range(n_dec)]
 
     class MatrixStack(Stack):
         def _spawn_workers(self) -> dict[str, Proc]:
@@ -422,6 +423,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--commit", default="", help="commit hash of the code (the device copy has no .git)")
     p.add_argument("--out-dir", default=str(ROOT / "bench" / "results"))
     p.add_argument("--num-gpus", type=int, default=1)
+    p.add_argument("--kv-transfer", default="tcp", choices=["tcp", "cuda_ipc", "nccl"],
+                   help="KV transfer backend of the disaggregated mode")
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--rates", default="4,8,16,32,inf")
     p.add_argument("--config", default=str(CONFIGS / "llama-3.1-8b.json"))
@@ -463,7 +466,7 @@ def main(argv: list[str] | None = None) -> Path:
     date = datetime.date.today().isoformat()
     path = Path(a.out_dir) / f"serve-{gpu_slug(gpu)}-{date}.json"
     doc: dict[str, Any] = {
-        "gpu": gpu, "date": date, "commit": a.commit or "unknown", "num_gpus": a.num_gpus,
+        "gpu": gpu, "date": date, "commit": a.commit or "unknown", "num_gpus": a.num_gpus, "kv_transfer": a.kv_transfer,
         "shared_gpu": a.num_gpus == 1 and not a.smoke,
         "model": "tiny-random (smoke)" if a.smoke else Path(a.config).stem + " (dummy weights)",
         "dataset": "random", "input_len": a.input_len, "output_len": a.output_len, "range_ratio": a.range_ratio,
