@@ -23,9 +23,11 @@ class SchedulerConfig:
     enable_prefix_caching: bool = True
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True, unsafe_hash=True)
 class TokenEvent:
-    """A token sampled for a request (token -1 when it ended without one) and why it ended."""
+    """A token sampled for a request (token -1 when it ended without one) and why it ended.
+
+    Treat it as immutable; not frozen, which would cost an object.__setattr__ per field."""
 
     request_id: str
     token: int
@@ -43,6 +45,12 @@ class Scheduler:
         self._by_id: dict[str, Sequence] = {}
         self._hashes: dict[str, list[int]] = {}
         self._registered: dict[str, int] = {}
+        # ids whose full prompt blocks may not all be registered yet (a superset)
+        self._unregistered: set[str] = set()
+        # request id -> (the block_table list, its tuple): reused while the list is the same
+        # object of the same length (the scheduler only extends tables or replaces them)
+        self._tables: dict[str, tuple[list[int], tuple[int, ...]]] = {}
+        self._running_sorted = True  # self.running is in arrival order
         self._inflight: set[str] = set()
         self._aborted: set[str] = set()
         self._arrivals = 0
@@ -59,9 +67,11 @@ class Scheduler:
         seq.arrival = self._arrivals
         self._by_id[seq.request_id] = seq
         if self.cfg.enable_prefix_caching:
-            self._hashes[seq.request_id] = prefix_hashes(seq.prompt_ids, self.blocks.block_size)
+            self._hashes[seq.request_id] = hashes = prefix_hashes(seq.prompt_ids, self.blocks.block_size)
+            if hashes:
+                self._unregistered.add(seq.request_id)
         if seq.status is SeqStatus.RUNNING:
-            self.running.append(seq)
+            self._append_running(seq)
         else:
             self.waiting.append(seq)
 
@@ -103,14 +113,36 @@ class Scheduler:
         budget = self.cfg.max_num_batched_tokens
         block_size = self.blocks.block_size
         # Oldest first, so the preemption victim (the newest) is never one already scheduled.
-        self.running.sort(key=lambda s: s.arrival)
+        if not self._running_sorted:
+            self.running.sort(key=lambda s: s.arrival)
+            self._running_sorted = True
+        running_status = SeqStatus.RUNNING
+        tables = self._tables
+        append = slices.append
         for seq in list(self.running):
-            if seq.status is not SeqStatus.RUNNING or budget <= 0:
+            if seq.status is not running_status or budget <= 0:
                 continue
-            n = len(seq)
-            if n > len(seq.block_table) * block_size and not self._grow(seq, n):
-                continue
-            slices.append(self._slice(seq, n - 1, n))
+            out = seq.output_ids
+            n = len(seq.prompt_ids) + len(out)
+            bt = seq.block_table
+            if n > len(bt) * block_size:
+                if not self._grow(seq, n):
+                    continue
+                bt = seq.block_table
+            # the decode slice of _slice(seq, n - 1, n), built inline (one per sequence per step)
+            rid, params = seq.request_id, seq.params
+            cached = tables.get(rid)
+            if cached is None or cached[0] is not bt or len(cached[1]) != len(bt):
+                cached = tables[rid] = (bt, tuple(bt))
+            append(SeqSlice(
+                rid,
+                (out[-1],) if out else seq.token_slice(n - 1, n),
+                n - 1,
+                cached[1],
+                params,
+                True,
+                seq.suppressed() if params.min_tokens else (),
+            ))
             budget -= 1
         while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
             seq = self.waiting[0]
@@ -124,7 +156,7 @@ class Scheduler:
             if end < len(seq):
                 break  # the rest of this prompt is the next step's chunk
             self.waiting.popleft()
-            self.running.append(seq)
+            self._append_running(seq)
             seq.status = SeqStatus.RUNNING
         self._inflight = {s.request_id for s in slices}
         return StepInput(tuple(slices))
@@ -132,22 +164,26 @@ class Scheduler:
     def update(self, step: StepInput, out: StepOutput) -> list[TokenEvent]:
         """Apply a step's results; returns the tokens sampled and the sequences that ended."""
         events: list[TokenEvent] = []
+        by_id, aborted, unregistered = self._by_id, self._aborted, self._unregistered
+        sampled, max_len = out.sampled, self.cfg.max_model_len
         for sl in step.seqs:
-            seq = self._by_id.get(sl.request_id)
+            rid = sl.request_id
+            seq = by_id.get(rid)
             if seq is None:
                 continue
-            if sl.request_id in self._aborted:  # a failed step's KV must never enter the prefix cache
-                events.append(TokenEvent(seq.request_id, -1, Finish.ABORT))
+            if aborted and rid in aborted:  # a failed step's KV must never enter the prefix cache
+                events.append(TokenEvent(rid, -1, Finish.ABORT))
                 self._finish(seq, Finish.ABORT)
                 continue
-            seq.num_computed = sl.end_pos
-            self._register_prefix(seq)
+            seq.num_computed = sl.start_pos + len(sl.token_ids)
+            if rid in unregistered:
+                self._register_prefix(seq)
             if not sl.sample:
                 continue
-            token = out.sampled[sl.request_id]
+            token = sampled[rid]
             seq.output_ids.append(token)
-            finish = check_finish(seq, self.cfg.max_model_len)
-            events.append(TokenEvent(seq.request_id, token, finish))
+            finish = check_finish(seq, max_len)
+            events.append(TokenEvent(rid, token, finish))
             if finish is not None:
                 self._finish(seq, finish)
         self._inflight = set()
@@ -155,6 +191,11 @@ class Scheduler:
         return events
 
     # -- helpers ---------------------------------------------------------------------------
+
+    def _append_running(self, seq: Sequence) -> None:
+        if self.running and self.running[-1].arrival > seq.arrival:
+            self._running_sorted = False
+        self.running.append(seq)
 
     def _slice(self, seq: Sequence, start: int, end: int) -> SeqSlice:
         return SeqSlice(
@@ -203,6 +244,8 @@ class Scheduler:
         self.blocks.free(seq.block_table)
         seq.block_table, seq.num_computed, seq.num_cached = [], 0, 0
         self._registered.pop(seq.request_id, None)
+        if self._hashes.get(seq.request_id):
+            self._unregistered.add(seq.request_id)
 
     def _reuse_prefix(self, seq: Sequence) -> None:
         hashes = self._hashes.get(seq.request_id)
@@ -221,11 +264,14 @@ class Scheduler:
             return
         done = self._registered.get(seq.request_id, 0)
         if done >= len(hashes):
+            self._unregistered.discard(seq.request_id)
             return  # every full prompt block is registered already (the decode steady state)
         full = min(len(hashes), seq.num_computed // self.blocks.block_size)
         for i in range(done, full):
             self.blocks.register(seq.block_table[i], hashes[i])
         self._registered[seq.request_id] = max(done, full)
+        if max(done, full) >= len(hashes):
+            self._unregistered.discard(seq.request_id)
 
     def _finish(self, seq: Sequence, why: Finish) -> None:
         seq.status, seq.finish = SeqStatus.FINISHED, why
@@ -234,6 +280,8 @@ class Scheduler:
         self._by_id.pop(seq.request_id, None)
         self._hashes.pop(seq.request_id, None)
         self._registered.pop(seq.request_id, None)
+        self._unregistered.discard(seq.request_id)
+        self._tables.pop(seq.request_id, None)
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pdserve.core.sampling import SamplingParams
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True, unsafe_hash=True)
 class SeqSlice:
     """The tokens of one sequence to run in this step.
 
@@ -21,6 +21,9 @@ class SeqSlice:
     slice. When `sample` is set the runner samples the token at position start_pos + len
     (a non-final chunk of a chunked prefill sets it False). `suppress_token_ids` are masked
     before sampling (EOS and stop tokens while min_tokens is not reached).
+
+    Treat it as immutable (it hashes by value). Not frozen: a frozen dataclass pays an
+    object.__setattr__ per field at construction, and a step builds one slice per sequence.
     """
 
     request_id: str
