@@ -40,21 +40,27 @@ def compile_kernel(fn: triton.JITFunction, ptrs: dict[str, str], consts: dict, *
     print(f"ok {fn.__name__} {consts}")
 
 
-def attention(dt: str) -> None:
+SCALES = {"ks_ptr": "*fp32", "vs_ptr": "*fp32"}
+
+
+def attention(dt: str, cache_dt: str) -> None:
     """Decode (split and not, G = 1, 4, 7) and prefill (incl. num_seqs specialized to 1)."""
-    cache = {"q_ptr": f"*{dt}", "kc_ptr": f"*{dt}", "vc_ptr": f"*{dt}", "bt_ptr": "*i32",
-             "lens_ptr": "*i32"}
+    quant = cache_dt != dt
+    cache = {"q_ptr": f"*{dt}", "kc_ptr": f"*{cache_dt}", "vc_ptr": f"*{cache_dt}",
+             "bt_ptr": "*i32", "lens_ptr": "*i32", **SCALES}
     for group, split in ((4, True), (7, False), (1, True)):
         ptrs = {**cache, "out_ptr": "*fp32" if split else f"*{dt}", "lse_ptr": "*fp32"}
         compile_kernel(_decode_kernel, ptrs, {
-            "G": group, "G_PAD": 16, "HK": 8, "S": 16, "D_PAD": 128, "BLOCK_N": 64,
+            "G": group, "G_PAD": 16, "S": 16, "D_PAD": 128, "BLOCK_N": 64,
             "PART": 1024, "SPLIT": split, "PRECISION": "tf32", "DOT_F32": False,
+            "QUANT": quant,
         }, num_warps=4, num_stages=2)
     compile_kernel(_merge_kernel, {"part_ptr": "*fp32", "lse_ptr": "*fp32", "out_ptr": f"*{dt}"},
                    {"P_PAD": 4, "D_PAD": 128})
     for group, bm, bn, warps in ((4, 128, 64, 8), (7, 128, 64, 8), (1, 64, 32, 4)):
-        consts = {"G": group, "HK": 8, "S": 16, "D_PAD": 128, "BLOCK_Q": bm // group,
-                  "BLOCK_M": bm, "BLOCK_N": bn, "PRECISION": "tf32", "DOT_F32": False}
+        consts = {"G": group, "S": 16, "D_PAD": 128, "BLOCK_Q": bm // group,
+                  "BLOCK_M": bm, "BLOCK_N": bn, "PRECISION": "tf32", "DOT_F32": False,
+                  "QUANT": quant}
         if group == 1:
             consts["num_seqs"] = 1  # Triton specializes integer arguments equal to 1
         ptrs = {**cache, "qsl_ptr": "*i32", "out_ptr": f"*{dt}"}
@@ -69,11 +75,15 @@ def elementwise(dt: str) -> None:
     ptrs = {"x_ptr": f"*{dt}", "out_ptr": f"*{dt}", "pos_ptr": "*i64", "cs_ptr": "*fp32"}
     compile_kernel(_rotary_kernel, ptrs,
                    {"HALF": 32, "BLOCK_H": 32, "BLOCK_HALF": 32, "BLOCK_PASS": 64})
-    ptrs = {"k_ptr": f"*{dt}", "v_ptr": f"*{dt}", "kc_ptr": f"*{dt}", "vc_ptr": f"*{dt}",
-            "slot_ptr": "*i64"}
-    compile_kernel(_write_kv_kernel, ptrs, {"S": 16, "BLOCK_H": 8, "BLOCK_D": 128})
+    for cache_dt, qmax, is_int in ((dt, 1.0, False), ("fp8e4nv", 448.0, False), ("i8", 127.0, True)):
+        ptrs = {"k_ptr": f"*{dt}", "v_ptr": f"*{dt}", "kc_ptr": f"*{cache_dt}",
+                "vc_ptr": f"*{cache_dt}", "slot_ptr": "*i64", **SCALES}
+        compile_kernel(_write_kv_kernel, ptrs, {"S": 16, "BLOCK_H": 8, "BLOCK_D": 128,
+                                                "QUANT": cache_dt != dt, "QMAX": qmax,
+                                                "IS_INT": is_int})
 
 
 if __name__ == "__main__":
     elementwise("bf16")
-    attention("bf16")
+    attention("bf16", "bf16")
+    attention("bf16", "fp8e4nv")
