@@ -24,6 +24,9 @@ from pdserve.core.step_io import SeqSlice, StepInput
 from pdserve.model.spec import ModelSpec
 from pdserve.runtime.runner import ModelRunner
 
+from kernel_bench import bench_decode  # bench/ is on sys.path when run as a script
+from tracing_cost import tracing_cost
+
 CONFIGS = Path(__file__).parent / "configs"
 GREEDY = SamplingParams(temperature=0.0, max_tokens=1 << 20)
 BS = 16
@@ -88,7 +91,11 @@ def weight_bytes(runner: ModelRunner) -> int:
     return total
 
 
-def bench_model(name: str, copy_gbps: float, mm_tflops: float, device: str = "cuda") -> dict:
+SECTIONS = ("decode", "prefill", "hf", "overhead", "tracing")
+
+
+def bench_model(name: str, copy_gbps: float, mm_tflops: float, sections: tuple[str, ...] = SECTIONS,
+                device: str = "cuda") -> dict:
     spec = ModelSpec.from_config_dict(json.loads((CONFIGS / f"{name}.json").read_text()))
     num_blocks = 256 * (1024 // BS + 1) + 64
     runner = ModelRunner(spec, None, device=device, dtype=torch.bfloat16, num_blocks=num_blocks,
@@ -97,6 +104,30 @@ def bench_model(name: str, copy_gbps: float, mm_tflops: float, device: str = "cu
     wbytes = weight_bytes(runner)
     kv_tok = runner.layout.token_bytes_per_layer * spec.num_layers
     out: dict = {"weight_bytes": wbytes}
+    run = lambda step: (lambda: runner.execute(step))  # noqa: E731
+    if "decode" in sections:
+        out.update(decode_figures(runner, spec, wbytes, kv_tok, copy_gbps))
+    if "overhead" in sections:
+        t = timed(run(decode_step(256, 1024, spec.vocab_size)), iters=10)
+        out["step_cpu_overhead_ratio_bs256"] = cpu_overhead(runner, spec, t)
+    if "tracing" in sections:
+        out["tracing_bs32"] = tracing_cost(runner, batch=32, ctx=1024, steps=40)
+    if "prefill" in sections:
+        out.update(prefill_figures(runner, spec, wbytes, mm_tflops))
+    if "hf" in sections:
+        out["hf_generate_tok_s"] = hf_generate(spec, runner)
+        if "decode_tok_s_by_batch" in out:
+            out["vs_hf_decode_ratio"] = {b: out["decode_tok_s_by_batch"][b] / out["hf_generate_tok_s"][b]
+                                         for b in ("1", "32") if out["hf_generate_tok_s"].get(b)}
+    del runner
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return out
+
+
+def decode_figures(runner: ModelRunner, spec: ModelSpec, wbytes: int, kv_tok: int, copy_gbps: float) -> dict:
+    """Batch-1 decode at 128 and 4k context (and its roofline ratio), decode tok/s by batch at 1k."""
+    out: dict = {}
     run = lambda step: (lambda: runner.execute(step))  # noqa: E731
     bs1 = {}
     for ctx in (128, 4096):
@@ -109,12 +140,18 @@ def bench_model(name: str, copy_gbps: float, mm_tflops: float, device: str = "cu
         out["decode_bs1_replay_only"] = {"tok_s": 1 / t, "roofline_ratio": (wbytes + kv_tok * 129) / (copy_gbps * 1e9) / t}
     out["decode_bs1_tok_s"] = bs1["128"]["tok_s"]
     out["decode_bs1_roofline_ratio"] = bs1["128"]["roofline_ratio"]
-    by_batch, step_s = {}, {}
+    by_batch = {}
     for b in (1, 8, 32, 64, 128, 256):
         t = timed(run(decode_step(b, 1024, spec.vocab_size)), iters=10)
-        by_batch[str(b)], step_s[b] = b / t, t
+        by_batch[str(b)] = b / t
     out["decode_tok_s_by_batch"] = by_batch
-    out["step_cpu_overhead_ratio_bs256"] = cpu_overhead(runner, spec, step_s[256])
+    return out
+
+
+def prefill_figures(runner: ModelRunner, spec: ModelSpec, wbytes: int, mm_tflops: float) -> dict:
+    """Prefill tok/s and TTFT at 512, 2k, 8k tokens; the 8k rate over the measured matmul rate."""
+    out: dict = {}
+    run = lambda step: (lambda: runner.execute(step))  # noqa: E731
     pf_tok, ttft = {}, {}
     for n in (512, 2048, 8192):
         t = timed(run(prefill_step(n, spec.vocab_size)), iters=5)
@@ -123,12 +160,6 @@ def bench_model(name: str, copy_gbps: float, mm_tflops: float, device: str = "cu
     params = wbytes / runner.kv_pool.element_size()
     flops = 2 * params * 8192  # 2 FLOP per weight per token; attention FLOPs left out (a lower bound)
     out["prefill_matmul_ratio"] = flops / (ttft["8192"] / 1000) / (mm_tflops * 1e12)
-    out["hf_generate_tok_s"] = hf_generate(spec, runner)
-    out["vs_hf_decode_ratio"] = {b: by_batch[b] / out["hf_generate_tok_s"][b]
-                                 for b in ("1", "32") if out["hf_generate_tok_s"].get(b)}
-    del runner
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
     return out
 
 
@@ -200,15 +231,22 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
     p.add_argument("--models", default="llama-3.1-8b,qwen2.5-7b")
+    p.add_argument("--sections", default=",".join(SECTIONS), help=f"subset of {','.join(SECTIONS)}")
     a = p.parse_args()
+    sections = tuple(a.sections.split(","))
+    if unknown := set(sections) - set(SECTIONS):
+        p.error(f"--sections: unknown {sorted(unknown)}; choose from {SECTIONS}")
     torch.manual_seed(0)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     res = {"gpu": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
            "commit": commit or "unknown", "torch": torch.__version__}
     res["copy_GBps"], res["matmul_TFLOPs"] = copy_bandwidth(), matmul_tflops()
+    res["sections"] = list(sections)
+    auto = bench_decode(64, 4096, res["copy_GBps"])[0]  # the default split-K heuristic
+    res["paged_attention_GBps"], res["paged_attention_bw_ratio"] = auto["gb_s"], auto["frac_of_copy"]
     res["models"] = {}
     for name in a.models.split(","):
-        res["models"][name] = bench_model(name, res["copy_GBps"], res["matmul_TFLOPs"])
+        res["models"][name] = bench_model(name, res["copy_GBps"], res["matmul_TFLOPs"], sections)
         Path(a.out).write_text(json.dumps(res, indent=1))
         print(json.dumps({name: res["models"][name]}, indent=1), flush=True)
     Path(a.out).write_text(json.dumps(res, indent=1))

@@ -27,10 +27,10 @@ class _Entry:
 class StepTracer:
     """`<role>.queue` per request (submit -> first step) and `<role>.forward` per step."""
 
-    def __init__(self, role: str) -> None:
+    def __init__(self, role: str, tracer: trace.Tracer | None = None) -> None:
         self.queue_name = f"{role}.queue"
         self.forward_name = f"{role}.forward"
-        self._tracer = trace.get_tracer("pdserve.engine")
+        self._tracer = tracer or trace.get_tracer("pdserve.engine")
         self._entries: dict[str, _Entry] = {}
 
     def submitted(self, request_id: str) -> None:
