@@ -42,6 +42,8 @@ sys.path.insert(0, str(ROOT))
 from pdserve.bench import arrivals, datasets, report  # noqa: E402
 from pdserve.bench.metrics import RequestOutput, compute  # noqa: E402
 
+import trace_summary  # noqa: E402  (bench/, on sys.path when run as a script)
+
 CONFIGS = ROOT / "bench" / "configs"
 SLOS_MS = {"ttft": 200.0, "tpot": 30.0}
 MODES = ("disaggregated", "colocated", "transformers")
@@ -170,6 +172,10 @@ async def bench_pdserve(address: str, a: argparse.Namespace, vocab: int, rates: 
 
 def run_pdserve_mode(mode: str, folder: Path, a: argparse.Namespace, vocab: int, rates: list[float], sink) -> None:
     t0 = time.monotonic()
+    trace_file = Path(a.out_dir) / f"traces-{mode}.jsonl" if a.trace else None
+    if trace_file is not None:  # every process of the stack inherits it (see pdserve/telemetry.py)
+        trace_file.unlink(missing_ok=True)
+        os.environ["PDSERVE_TRACE_FILE"] = str(trace_file)
     st = pdserve_stack(mode, folder, a)
     try:
         st.start(timeout=a.start_timeout)
@@ -178,6 +184,10 @@ def run_pdserve_mode(mode: str, folder: Path, a: argparse.Namespace, vocab: int,
         asyncio.run(bench_pdserve(st.gateway, a, vocab, rates, sink))
     finally:
         st.stop()
+        if trace_file is not None:
+            os.environ.pop("PDSERVE_TRACE_FILE", None)
+            if trace_file.exists():
+                sink.note("span_ms", trace_summary.summarise(trace_file))
         logs = Path(a.out_dir) / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         for name, p in st.procs.items():
@@ -441,6 +451,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--start-timeout", type=float, default=240.0)
     p.add_argument("--request-timeout", type=float, default=120.0)
     p.add_argument("--smoke", action="store_true", help="tiny random config on CPU, 2 rates x 6 prompts")
+    p.add_argument("--trace", action="store_true",
+                   help="trace every request to <out-dir>/traces-<mode>.jsonl and add span_ms per mode "
+                        "(time per span name: where TTFT goes); costs a file write per span")
     p.add_argument("--plot-only", default=None, help="re-plot (and print the table of) an existing JSON")
     a = p.parse_args(argv)
     if a.smoke:
