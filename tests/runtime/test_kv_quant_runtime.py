@@ -73,3 +73,27 @@ def test_loopback_moves_quantized_blocks_with_scales(kv: str) -> None:
     a, b = layer_views(src, 1, 32), layer_views(dst, 1, 32)
     assert torch.equal(a.k_scale[src_blocks], b.k_scale[dst_blocks])
     assert float(b.v_scale[dst_blocks].min()) > 0
+
+
+def test_quant_views_tile_each_block_and_keep_rows_aligned() -> None:
+    """Values and scales of every (layer, K/V, block) are disjoint and cover it exactly, and the
+    value rows stay 16-byte aligned for D = 128 (what the kernels' wide loads need)."""
+    from pdserve.runtime.kv_quant import allocate_quant_pool
+
+    spec = ModelSpec.from_config_dict(dict(
+        model_type="llama", hidden_size=256, intermediate_size=256, num_hidden_layers=2, head_dim=128,
+        num_attention_heads=2, num_key_value_heads=2, vocab_size=64, max_position_embeddings=64))
+    pool = allocate_quant_pool(spec, num_blocks=3, block_size=4, kv_cache_dtype="fp8_e4m3")
+    raw = pool.view(torch.uint8)
+    for layer in range(2):
+        views = layer_views(pool, layer, 128)
+        for kv, (vals, sc) in enumerate(((views.k, views.k_scale), (views.v, views.v_scale))):
+            vals.view(torch.uint8).fill_(1 + 2 * kv)
+            sc.view(torch.int32).fill_(0x05050505 if kv == 0 else 0x07070707)
+        for kv in range(2):
+            for blk in range(3):
+                block = raw[layer, kv, blk].flatten()
+                n_val = 4 * 2 * 128
+                assert (block[:n_val] == 1 + 2 * kv).all() and (block[n_val:] == 5 + 2 * kv).all()
+        assert views.k.stride()[1:] == (2 * 128, 128, 1) and views.k.stride(0) % 16 == 0
+        assert views.k.data_ptr() % 16 == 0 or raw.data_ptr() % 16 != 0
