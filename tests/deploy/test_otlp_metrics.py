@@ -120,6 +120,12 @@ def test_bad_interval_names_the_variable(bad):
         metrics.otlp_metrics_config(None, env)
 
 
+def test_a_service_with_a_bad_interval_exits_naming_it(monkeypatch):
+    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "soon")
+    with pytest.raises(SystemExit, match="pdserve-decode: OTEL_METRIC_EXPORT_INTERVAL .* got 'soon'"):
+        metrics.export_otlp("http://127.0.0.1:1", CollectorRegistry(), "pdserve-decode")
+
+
 OFF_SCRIPT = """
 import json, sys
 from pdserve import metrics
