@@ -8,12 +8,16 @@ import sys
 
 from pdserve.proto import worker_pb2_grpc
 
+SERVICE = "pdserve-decode"
+
 
 def parser() -> argparse.ArgumentParser:
+    from pdserve.metrics import add_otlp_metrics_arg
     from pdserve.worker import add_worker_args
 
     p = argparse.ArgumentParser(prog="pdserve decode", description="pdserve decode worker")
     add_worker_args(p)
+    add_otlp_metrics_arg(p)
     p.add_argument("--kv-nccl-port", type=int, default=0, help="nccl: the TCPStore port prefill workers rendezvous at (0: any free)")
     p.add_argument("--lease-ms", type=int, default=10_000, help="reservation lease")
     p.add_argument("--role", default="decode", choices=["decode", "colocated"],
@@ -41,9 +45,10 @@ async def amain(args: argparse.Namespace) -> None:
     kv_address = getattr(receiver, "kv_address", kv_address)  # nccl: its TCPStore
     servicer = DecodeServicer(engine, built.runner.layout, kv_address, args.kv_transfer, built.model_name, args.role)
     worker_pb2_grpc.add_DecodeWorkerServicer_to_server(servicer, server)
-    from pdserve.metrics import serve_worker
+    from pdserve.metrics import export_otlp, serve_worker
 
-    serve_worker(args.metrics_port, loop, lambda: engine.num_reserved, host=args.host)
+    worker_metrics = serve_worker(args.metrics_port, loop, lambda: engine.num_reserved, host=args.host)
+    otlp = export_otlp(args.otlp_metrics_endpoint, worker_metrics.registry, SERVICE)
     if hasattr(receiver, "add_to_server"):  # tcp, cuda_ipc: the KvTransfer service
         receiver.add_to_server(server)
     names = ["pdserve.v1.DecodeWorker", "pdserve.v1.KvTransfer"]
@@ -56,6 +61,8 @@ async def amain(args: argparse.Namespace) -> None:
         loop.stop()
         if hasattr(receiver, "close"):  # nccl: drop process groups before the interpreter exits
             receiver.close()
+        if otlp is not None:  # the last snapshot, after the drain
+            otlp.shutdown()
 
     await serving.serve(server, address, health, names, on_stop=stop)
 
@@ -63,7 +70,7 @@ async def amain(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     from pdserve.serving import run_service
 
-    run_service(parser().parse_args(argv), amain, "pdserve-decode")
+    run_service(parser().parse_args(argv), amain, SERVICE)
 
 
 if __name__ == "__main__":

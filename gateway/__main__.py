@@ -7,13 +7,16 @@ import logging
 import sys
 
 log = logging.getLogger("gateway")
+SERVICE = "pdserve-gateway"
 
 
 def parser() -> argparse.ArgumentParser:
+    from pdserve.metrics import add_otlp_metrics_arg
     from pdserve.worker import add_model_args
 
     p = argparse.ArgumentParser(prog="pdserve gateway", description="pdserve gateway")
     add_model_args(p)
+    add_otlp_metrics_arg(p)
     p.add_argument("--prefill", default="", help="prefill workers, host:port,...")
     p.add_argument("--decode", default="", help="decode workers, host:port,...")
     p.add_argument("--colocated", default="", help="colocated workers (prefill + decode in one), host:port,...")
@@ -64,6 +67,7 @@ async def amain(args: argparse.Namespace) -> None:
     server = serving.new_server()
     gateway_metrics = metrics.GatewayMetrics()
     metrics.serve(args.metrics_port, gateway_metrics.registry, args.host)
+    otlp = metrics.export_otlp(args.otlp_metrics_endpoint, gateway_metrics.registry, SERVICE)
     add_to_server(GatewayService(generation, gateway_metrics), server)
     http = OpenAIServer(generation, gateway_metrics)
     names = ["pdserve.v1.Gateway"]
@@ -82,6 +86,8 @@ async def amain(args: argparse.Namespace) -> None:
         await http.stop()
         await monitor.stop()
         await router.close()
+        if otlp is not None:  # the last snapshot, after the drain
+            otlp.shutdown()
 
     await serving.serve(server, f"{args.host}:{args.port}", health, names, on_stop=on_stop,
                         drain_seconds=1.0, on_start=on_start, drain=drain)
@@ -90,7 +96,7 @@ async def amain(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     from pdserve.serving import run_service
 
-    run_service(parser().parse_args(argv), amain, "pdserve-gateway")
+    run_service(parser().parse_args(argv), amain, SERVICE)
 
 
 if __name__ == "__main__":

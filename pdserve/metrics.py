@@ -1,17 +1,28 @@
-"""Prometheus metrics (`--metrics-port`; 0 or absent = no endpoint), names close to vLLM's.
+"""Metrics, names close to vLLM's: a Prometheus endpoint (`--metrics-port`; 0 or absent = none)
+and OTLP export of the same registry (`--otlp-metrics-endpoint` or OTEL_* variables; off by default).
 
 Each service builds its own registry in its main (nothing is registered at import). The
 gateway observes per-request latencies; a worker's queue, batch and KV-pool figures are read
-from its scheduler when scraped, so the engine loop does no metrics work per step.
+from its scheduler when scraped or exported, so the engine loop does no metrics work per step.
+The registry is the one source of truth: `pdserve.otlp_metrics` converts its snapshot to OTLP
+and is imported only when OTLP export is on.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import argparse
+import logging
+import math
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+log = logging.getLogger(__name__)
 
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                    7.5, 10.0, 20.0, 40.0, 80.0)
@@ -87,3 +98,76 @@ def serve_worker(port: int | None, loop, extra_waiting: Callable[[], int] | None
     m = WorkerMetrics(loop, extra_waiting)
     serve(port, m.registry, host)
     return m
+
+
+# --- OTLP export (the same registry, pushed) ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OtlpMetricsConfig:
+    """Where and how often a service pushes its registry over OTLP/gRPC."""
+
+    endpoint: str | None  # None: the exporter's own default (localhost:4317)
+    interval_s: float = 60.0
+
+
+class MetricsExport(Protocol):
+    """A running exporter; `shutdown` pushes one last snapshot and stops it."""
+
+    def shutdown(self) -> None: ...
+
+
+def add_otlp_metrics_arg(p: argparse.ArgumentParser) -> None:
+    """The `--otlp-metrics-endpoint` flag of every service."""
+    p.add_argument("--otlp-metrics-endpoint", default=None,
+                   help="OTLP/gRPC collector for metrics, e.g. http://otel-collector:4317 (else OTEL_* env vars)")
+
+
+def otlp_metrics_config(endpoint: str | None = None,
+                        env: Mapping[str, str] | None = None) -> OtlpMetricsConfig | None:
+    """The OTLP metrics settings from the flag and the standard variables; None when export is off.
+
+    On with the flag, `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`, `OTEL_EXPORTER_OTLP_ENDPOINT` or
+    `OTEL_METRICS_EXPORTER` listing `otlp`; `OTEL_METRICS_EXPORTER=none` turns the variables
+    (not the flag) off and `OTEL_SDK_DISABLED=true` turns everything off.
+    `OTEL_METRIC_EXPORT_INTERVAL` is in milliseconds (default 60000).
+    """
+    env = os.environ if env is None else env
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return None
+    wanted = {e.strip().lower() for e in env.get("OTEL_METRICS_EXPORTER", "").split(",") if e.strip()}
+    if not endpoint:
+        if "none" in wanted:
+            return None
+        endpoint = env.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        if not endpoint and "otlp" not in wanted:
+            return None
+    raw = env.get("OTEL_METRIC_EXPORT_INTERVAL", "").strip()
+    try:
+        interval_ms = float(raw) if raw else 60_000.0
+    except ValueError:
+        interval_ms = -1.0
+    if not (math.isfinite(interval_ms) and interval_ms > 0):
+        raise ValueError(f"OTEL_METRIC_EXPORT_INTERVAL must be a positive number of milliseconds, got {raw!r}")
+    return OtlpMetricsConfig(endpoint or None, interval_ms / 1000.0)
+
+
+def export_otlp(endpoint: str | None, registry: CollectorRegistry, service: str) -> MetricsExport | None:
+    """Start pushing registry over OTLP when configured (see `otlp_metrics_config`); None when off.
+
+    Nothing of OpenTelemetry's metrics SDK or exporter is imported while export is off.
+    """
+    try:
+        config = otlp_metrics_config(endpoint)
+    except ValueError as e:
+        raise SystemExit(f"{service}: {e}") from None
+    if config is None:
+        return None
+    try:
+        from pdserve.otlp_metrics import start_exporter
+    except ImportError as e:
+        raise SystemExit(f"{service}: OTLP metrics need opentelemetry-sdk and "
+                         f"opentelemetry-exporter-otlp-proto-grpc ({e})") from None
+    exporter = start_exporter(registry, service, config)
+    log.info("OTLP metrics on: %s every %.3g s", config.endpoint or "default endpoint", config.interval_s)
+    return exporter

@@ -8,8 +8,9 @@ exporter, no per-token work):
 - `PDSERVE_TRACE_FILE=path`: every finished span as one JSON line appended to path (tests).
 
 `OTEL_SDK_DISABLED=true` turns it off whatever else is set. `OTEL_SERVICE_NAME` overrides
-the service name (pdserve-gateway / pdserve-prefill / pdserve-decode). `setup` is called
-once from each service's main, never at import.
+the service name (pdserve-gateway / pdserve-prefill / pdserve-decode), for traces and OTLP
+metrics alike (`service_resource`). `setup` is called once from each service's main, never at
+import. Metrics export lives in `pdserve.metrics` / `pdserve.otlp_metrics`.
 """
 
 from __future__ import annotations
@@ -92,6 +93,12 @@ def _exporters(endpoint: str | None) -> list[tuple[SpanExporter, bool]]:
     return out
 
 
+def service_resource(service: str) -> Resource:
+    """The resource of a service's spans and metrics: service.name is OTEL_SERVICE_NAME or service
+    (plus OTEL_RESOURCE_ATTRIBUTES)."""
+    return Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME") or service})
+
+
 def setup(service: str, endpoint: str | None = None) -> bool:
     """Install the global tracer provider for service when an exporter is configured.
 
@@ -102,8 +109,9 @@ def setup(service: str, endpoint: str | None = None) -> bool:
     exporters = _exporters(endpoint)
     if not exporters:
         return False
-    name = os.environ.get("OTEL_SERVICE_NAME") or service
-    provider = TracerProvider(resource=Resource.create({"service.name": name}))
+    resource = service_resource(service)
+    name = resource.attributes["service.name"]
+    provider = TracerProvider(resource=resource)
     for exporter, batched in exporters:
         provider.add_span_processor(BatchSpanProcessor(exporter) if batched else SimpleSpanProcessor(exporter))
     trace.set_tracer_provider(provider)

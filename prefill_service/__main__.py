@@ -5,12 +5,16 @@ from __future__ import annotations
 import argparse
 import sys
 
+SERVICE = "pdserve-prefill"
+
 
 def parser() -> argparse.ArgumentParser:
+    from pdserve.metrics import add_otlp_metrics_arg
     from pdserve.worker import add_worker_args
 
     p = argparse.ArgumentParser(prog="pdserve prefill", description="pdserve prefill worker")
     add_worker_args(p)
+    add_otlp_metrics_arg(p)
     return p
 
 
@@ -33,9 +37,10 @@ async def amain(args: argparse.Namespace) -> None:
     server = serving.new_server()
     servicer = PrefillServicer(engine, built.runner.layout, built.spec.vocab_size, built.model_name)
     worker_pb2_grpc.add_PrefillWorkerServicer_to_server(servicer, server)
-    from pdserve.metrics import serve_worker
+    from pdserve.metrics import export_otlp, serve_worker
 
     servicer.metrics = serve_worker(args.metrics_port, loop, host=args.host)
+    otlp = export_otlp(args.otlp_metrics_endpoint, servicer.metrics.registry, SERVICE)
     names = ["pdserve.v1.PrefillWorker"]
     health = serving.add_health(server, names)
     loop.start()
@@ -43,6 +48,8 @@ async def amain(args: argparse.Namespace) -> None:
     async def stop() -> None:
         loop.stop()
         sender.close()
+        if otlp is not None:  # the last snapshot, after the drain
+            otlp.shutdown()
 
     await serving.serve(server, f"{args.host}:{args.port}", health, names, on_stop=stop)
 
@@ -50,7 +57,7 @@ async def amain(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     from pdserve.serving import run_service
 
-    run_service(parser().parse_args(argv), amain, "pdserve-prefill")
+    run_service(parser().parse_args(argv), amain, SERVICE)
 
 
 if __name__ == "__main__":
