@@ -12,6 +12,7 @@ import torch
 
 from pdserve.core.kv_layout import KvLayout
 from pdserve.proto import kv_pb2
+from pdserve.transfer._debug import ChunkDebug
 from pdserve.transfer._wire import ChunkRejected, check_chunk, check_pool, torch_dtype
 from pdserve.transfer.base import CompletionCallback, KvReceiver
 
@@ -47,6 +48,7 @@ class ReceiverCore(KvReceiver):
         self._lock = threading.Lock()
         self._reservations: dict[str, _Reservation] = {}
         self._forgotten: OrderedDict[str, None] = OrderedDict()
+        self._debug = ChunkDebug.from_env()  # off unless the debug variable is set
 
     def expect(self, request_id: str, block_ids: Sequence[int]) -> None:
         num_blocks = self._pool.shape[2]
@@ -121,6 +123,7 @@ class ReceiverCore(KvReceiver):
                 write(dst)
             res.bytes += data_len
             res.chunks += 1
+            self._debug.applied(chunk, res.bytes)
             if not chunk.last:
                 return None
             res.complete = True
