@@ -183,11 +183,15 @@ class CudaCopier:
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor, layer: int, src_ids: Sequence[int],
              dst_ids: Sequence[int]) -> None:
+        # Pinned + non_blocking: a pageable host-to-device copy would synchronise the copy
+        # stream, i.e. make the CPU wait for the engine's queued layers at every push.
+        src_host = torch.tensor(list(src_ids), dtype=torch.long, pin_memory=True)
+        dst_host = torch.tensor(list(dst_ids), dtype=torch.long, pin_memory=True)
         current = torch.cuda.current_stream(self._device)
         self._stream.wait_stream(current)
         with torch.cuda.stream(self._stream):
-            src_index = torch.tensor(list(src_ids), dtype=torch.long, device=self._device)
-            dst_index = torch.tensor(list(dst_ids), dtype=torch.long, device=self._device)
+            src_index = src_host.to(self._device, non_blocking=True)
+            dst_index = dst_host.to(self._device, non_blocking=True)
             dst[layer].index_copy_(1, dst_index, src[layer].index_select(1, src_index))
         current.wait_stream(self._stream)
 
