@@ -109,6 +109,13 @@ def _serves_next_request(stack: Stack, within_s: float = 10.0) -> None:
     assert len(ids) == 4 and complete.usage.completion_tokens == 4
 
 
+def _renew(address: str, rid: str, stop: threading.Event) -> None:
+    with grpc.insecure_channel(address) as ch:
+        stub = worker_pb2_grpc.DecodeWorkerStub(ch)
+        while not stop.wait(LEASE_S / 4):
+            stub.Renew(worker_pb2.RenewRequest(request_id=rid), timeout=5)
+
+
 def _wait_free(address: str, role: str, timeout: float) -> float:
     """Seconds until the worker's pool is all free with nothing reserved, running or waiting."""
     t0 = time.monotonic()
@@ -133,7 +140,11 @@ def test_prefill_killed_mid_transfer_lease_frees_reservation(stack):
         call = worker_pb2_grpc.PrefillWorkerStub(pch).Prefill.future(worker_pb2.PrefillRequest(
             request_id=rid, prompt_token_ids=prompt, target=target,
             sampling=sampling_to_wire(SamplingParams(max_tokens=4))), timeout=60)
+        # Renew while the prefill runs, as the gateway does; the renewals stop with the kill.
+        stop_renewing = threading.Event()
+        threading.Thread(target=_renew, args=(decode.address, rid, stop_renewing), daemon=True).start()
         assert _in_flight(decode, since) == rid
+        stop_renewing.set()
         killed_at = _kill(prefill)
         with pytest.raises(grpc.RpcError) as err:
             call.result(timeout=30)
