@@ -1,4 +1,5 @@
-"""kill -9 a worker while a KV transfer is really in flight (real processes, KV over tcp).
+"""kill -9 a worker while a KV transfer is really in flight (real processes; KV over tcp, and
+over nccl with gloo on CPU as a `slow` variant).
 
 Every KV chunk is slowed down with the hidden debug knob PDSERVE_DEBUG_KV_CHUNK_DELAY_MS
 (pdserve/transfer/_debug.py), which also logs each chunk the decode worker applies: a test
@@ -34,11 +35,12 @@ WORKER = ["--max-model-len", "512", "--num-blocks", "256"]
 APPLIED = re.compile(r"kv-debug applied request=(\S+) layer=(\d+)")
 
 
-@pytest.fixture(scope="module")
-def stack(default_model_dir):
+@pytest.fixture(scope="module", params=["tcp", pytest.param("nccl", marks=pytest.mark.slow)])
+def stack(request, default_model_dir):
+    """gateway + 1 prefill + 1 decode; KV over tcp, or nccl (gloo on CPU, marked slow)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(DEBUG_ENV, str(CHUNK_DELAY_MS))  # read by every spawned worker, restarts too
-        with Stack(model=str(default_model_dir), worker_args=WORKER,
+        with Stack(model=str(default_model_dir), worker_args=[*WORKER, "--kv-transfer", request.param],
                    gateway_args=["--max-model-len", "512"],
                    decode_args=["--lease-ms", str(int(LEASE_S * 1000))]) as st:
             yield st
