@@ -18,11 +18,16 @@ import grpc
 import pytest
 import torch
 
+from decode_service.engine import DecodeEngine
+from pdserve.core.block_manager import BlockManager
+from pdserve.core.scheduler import Scheduler, SchedulerConfig
 from pdserve.proto import kv_pb2_grpc
+from pdserve.runtime.loop import EngineLoop
 from pdserve.transfer._attach import DirectWriteReceiver
 from pdserve.transfer.base import KvTargetSpec, TransferError, TransferState
 from pdserve.transfer.cuda_ipc import _IpcSendHandle
 from pdserve.transfer.tcp import TCP_GRPC_OPTIONS
+from pdtest.fake_runner import FakeRunner
 from transfer_helpers import AioServer, layer_bytes, make_layout, poisoned_pool, random_pool, wait_until
 
 SRC, DST = [5, 0, 22, 9], [17, 3, 29, 8]
@@ -184,3 +189,23 @@ def test_full_transfer_lands_and_completes(rig: Rig) -> None:
     assert rig.receiver.is_complete("r1")
     assert torch.equal(rig.dst[:, :, DST], rig.src[:, :, SRC])
     assert rig.receiver.forget("r1") is True  # decode takes the blocks over
+
+
+def test_decode_engine_keeps_aborted_blocks_until_the_writer_released(rig: Rig) -> None:
+    """The decode worker's own engine over the real receiver: an aborted reservation's blocks
+    stay allocated while the attached writer's copy is queued, and are free after its release."""
+    blocks = BlockManager(32, rig.layout.block_size)
+    loop = EngineLoop(Scheduler(SchedulerConfig(), blocks), FakeRunner(rig.layout.block_size))
+    engine = DecodeEngine(loop, rig.receiver, eos_ids=(0,), lease_s=30.0)
+    reserved = engine.reserve("r1", 4 * rig.layout.block_size)
+    target = KvTargetSpec("r1", tuple(reserved), rig.server.address, rig.layout.compat_hash(), "cuda_ipc")
+    handle = _IpcSendHandle(target, rig.src, rig.layout, kv_pb2_grpc.KvTransferStub(rig.channel),
+                            30.0, rig.dst, rig.copier, attach_timeout=5.0)
+    handle.push(0, SRC, 0)  # queued behind the closed gate
+    free_before = blocks.num_free
+    assert engine.abort("r1")
+    time.sleep(0.3)
+    assert blocks.num_free == free_before  # still held: the copy has not landed
+    rig.copier.gate.set()
+    wait_until(lambda: blocks.num_free == free_before + len(reserved))
+    assert rig.copier.landed == 1
