@@ -1,8 +1,9 @@
 """kill -9 a worker while a KV transfer is really in flight (real processes; KV over tcp, and
 over nccl with gloo on CPU as a `slow` variant).
 
-Every KV chunk is slowed down with the hidden debug knob PDSERVE_DEBUG_KV_CHUNK_DELAY_MS
-(pdserve/transfer/_debug.py), which also logs each chunk the decode worker applies: a test
+Every KV chunk is held back on the prefill side (its transport thread) by the hidden debug knob
+PDSERVE_DEBUG_KV_CHUNK_DELAY_MS (pdserve/transfer/_debug.py), so the chunks not yet sent exist
+only in the prefill process; the knob also logs each chunk the decode worker applies: a test
 waits until the decode side applied a few layers of the request, checks from the same log that
 the transfer has not completed, and only then kills. The killed worker is restarted on its
 port afterwards and the next request must be served; the surviving workers must not leak.
