@@ -107,9 +107,14 @@ class DecodeEngine:
             res = self._reserved.pop(request_id, None)
             if res is None:
                 return False
-            self.receiver.forget(request_id)
-            self.blocks.free(res.blocks)
+            # cuda_ipc: the prefill side may still be writing them; the receiver then calls back.
+            if self.receiver.forget(request_id, on_released=lambda: self._free_late(res.blocks)):
+                self.blocks.free(res.blocks)
         return True
+
+    def _free_late(self, blocks: list[int]) -> None:
+        with self.loop.lock:
+            self.blocks.free(blocks)
 
     @property
     def num_reserved(self) -> int:

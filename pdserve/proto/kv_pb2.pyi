@@ -1,6 +1,7 @@
+from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -62,3 +63,23 @@ class PushAck(_message.Message):
     bytes: int
     chunks: int
     def __init__(self, bytes: _Optional[int] = ..., chunks: _Optional[int] = ...) -> None: ...
+
+class KvAttach(_message.Message):
+    __slots__ = ("request_id", "block_ids", "layout_hash", "release")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_HASH_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    block_ids: _containers.RepeatedScalarFieldContainer[int]
+    layout_hash: str
+    release: bool
+    def __init__(self, request_id: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., layout_hash: _Optional[str] = ..., release: _Optional[bool] = ...) -> None: ...
+
+class KvAttachEvent(_message.Message):
+    __slots__ = ("attached", "forgotten")
+    ATTACHED_FIELD_NUMBER: _ClassVar[int]
+    FORGOTTEN_FIELD_NUMBER: _ClassVar[int]
+    attached: bool
+    forgotten: bool
+    def __init__(self, attached: _Optional[bool] = ..., forgotten: _Optional[bool] = ...) -> None: ...

@@ -44,6 +44,11 @@ class KvTransferStub:
                 request_serializer=pdserve_dot_v1_dot_kv__pb2.KvChunk.SerializeToString,
                 response_deserializer=pdserve_dot_v1_dot_kv__pb2.PushAck.FromString,
                 _registered_method=True)
+        self.Attach = channel.stream_stream(
+                '/pdserve.v1.KvTransfer/Attach',
+                request_serializer=pdserve_dot_v1_dot_kv__pb2.KvAttach.SerializeToString,
+                response_deserializer=pdserve_dot_v1_dot_kv__pb2.KvAttachEvent.FromString,
+                _registered_method=True)
 
 
 class KvTransferServicer:
@@ -62,6 +67,14 @@ class KvTransferServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Attach(self, request_iterator, context):
+        """Direct writers only (cuda_ipc). A writer whose call breaks without `release` (it died) is
+        released after the receiver's grace period.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KvTransferServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -74,6 +87,11 @@ def add_KvTransferServicer_to_server(servicer, server):
                     servicer.Push,
                     request_deserializer=pdserve_dot_v1_dot_kv__pb2.KvChunk.FromString,
                     response_serializer=pdserve_dot_v1_dot_kv__pb2.PushAck.SerializeToString,
+            ),
+            'Attach': grpc.stream_stream_rpc_method_handler(
+                    servicer.Attach,
+                    request_deserializer=pdserve_dot_v1_dot_kv__pb2.KvAttach.FromString,
+                    response_serializer=pdserve_dot_v1_dot_kv__pb2.KvAttachEvent.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -130,6 +148,33 @@ class KvTransfer:
             '/pdserve.v1.KvTransfer/Push',
             pdserve_dot_v1_dot_kv__pb2.KvChunk.SerializeToString,
             pdserve_dot_v1_dot_kv__pb2.PushAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Attach(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/pdserve.v1.KvTransfer/Attach',
+            pdserve_dot_v1_dot_kv__pb2.KvAttach.SerializeToString,
+            pdserve_dot_v1_dot_kv__pb2.KvAttachEvent.FromString,
             options,
             channel_credentials,
             insecure,

@@ -12,6 +12,7 @@ import torch
 
 from pdserve.core.kv_layout import KvLayout
 from pdserve.proto import kv_pb2
+from pdserve.transfer._debug import ChunkDebug
 from pdserve.transfer._wire import block_bytes, check_pool, encode_layer
 from pdserve.transfer.base import KvTargetSpec, SendHandle, TransferError, TransferState, TransferStats
 
@@ -33,6 +34,7 @@ class ChunkSendHandle(SendHandle):
         self._bytes = 0
         self._chunks = 0
         self._t0 = time.monotonic()
+        self._debug = ChunkDebug.from_env()  # off unless the debug variable is set
 
     @property
     def state(self) -> TransferState:

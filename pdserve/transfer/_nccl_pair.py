@@ -129,6 +129,7 @@ class SenderPair:
     def _send_item(self, item: _Outgoing) -> None:
         if item.handle.state.final:  # aborted or failed: skip its remaining messages
             return
+        item.handle.debug.before_send(item.header)
         size = 0 if item.data is None else item.data.numel()
         self._send_raw(_p2p.encode_header(Kind.CHUNK, item.header, size))
         if item.data is not None:

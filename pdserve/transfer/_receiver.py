@@ -1,7 +1,10 @@
-"""Receiver bookkeeping shared by chunk-based backends: reservations, checked writes, forget."""
+"""Receiver bookkeeping shared by every backend: reservations, checked writes, forget, and
+the writers that write into the pool themselves (cuda_ipc), whose blocks forget() must not hand
+back while one of their writes may still land."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -12,10 +15,21 @@ import torch
 
 from pdserve.core.kv_layout import KvLayout
 from pdserve.proto import kv_pb2
+from pdserve.transfer._debug import ChunkDebug
 from pdserve.transfer._wire import ChunkRejected, check_chunk, check_pool, torch_dtype
 from pdserve.transfer.base import CompletionCallback, KvReceiver
 
 _FORGOTTEN_MEMORY = 4096  # recently forgotten ids kept only to give a clearer refusal
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Writer:
+    """A peer attached to one reservation that writes into the pool itself (cuda_ipc)."""
+
+    reservation: _Reservation
+    notify: Callable[[], None]  # asks the peer to stop writing (called once, on forget)
+    done: bool = False  # every write of the peer has landed (or it is gone past the grace)
 
 
 @dataclass
@@ -28,6 +42,8 @@ class _Reservation:
     chunks: int = 0
     complete: bool = False
     forgotten: bool = False
+    writer: Writer | None = None
+    on_released: Callable[[], None] | None = None  # forgotten while its writer was still live
 
 
 class ReceiverCore(KvReceiver):
@@ -38,8 +54,11 @@ class ReceiverCore(KvReceiver):
         kv_pool: torch.Tensor,
         layout: KvLayout,
         on_complete: CompletionCallback | None = None,
+        *,
+        writer_grace_s: float = 5.0,
     ) -> None:
         check_pool(kv_pool, layout)
+        self._writer_grace_s = writer_grace_s
         self.layout = layout
         self._pool = kv_pool
         self._dtype = torch_dtype(layout)
@@ -47,6 +66,7 @@ class ReceiverCore(KvReceiver):
         self._lock = threading.Lock()
         self._reservations: dict[str, _Reservation] = {}
         self._forgotten: OrderedDict[str, None] = OrderedDict()
+        self._debug = ChunkDebug.from_env()  # off unless the debug variable is set
 
     def expect(self, request_id: str, block_ids: Sequence[int]) -> None:
         num_blocks = self._pool.shape[2]
@@ -61,16 +81,61 @@ class ReceiverCore(KvReceiver):
             self._forgotten.pop(request_id, None)
             self._reservations[request_id] = _Reservation(ids)
 
-    def forget(self, request_id: str) -> None:
+    def forget(self, request_id: str, on_released: Callable[[], None] | None = None) -> bool:
         with self._lock:
             res = self._reservations.pop(request_id, None)
             if res is None:
-                return
+                return True
             self._forgotten[request_id] = None
             while len(self._forgotten) > _FORGOTTEN_MEMORY:
                 self._forgotten.popitem(last=False)
         with res.lock:  # waits for a write in progress
             res.forgotten = True
+            writer = res.writer
+            if writer is None or writer.done:
+                return True
+            res.on_released = on_released
+        writer.notify()
+        return False
+
+    def attach(self, request_id: str, block_ids: Sequence[int], notify: Callable[[], None]) -> Writer:
+        """Attach a peer that will write the reservation's blocks itself. Raises ChunkRejected:
+        NOT_FOUND (unknown or forgotten), INVALID_ARGUMENT (other blocks, or already complete),
+        ALREADY_EXISTS (a writer is attached)."""
+        res = self._lookup(request_id)
+        with res.lock:
+            if res.forgotten:
+                raise _forgotten_error(request_id)
+            if tuple(int(b) for b in block_ids) != res.block_ids:
+                raise ChunkRejected(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"block_ids: {list(block_ids)} are not the blocks reserved for {request_id}",
+                )
+            if res.complete:
+                raise ChunkRejected(grpc.StatusCode.INVALID_ARGUMENT,
+                                    f"request {request_id} is already complete")
+            if res.writer is not None:
+                raise ChunkRejected(grpc.StatusCode.ALREADY_EXISTS,
+                                    f"request {request_id} already has a writer")
+            res.writer = Writer(res, notify)
+            return res.writer
+
+    def release_writer(self, writer: Writer, *, lost: bool) -> None:
+        """The writer's last write has landed (`lost`=False: it said so), or its connection
+        broke (`lost`=True: it is taken as done after the grace period, enough for a dead
+        process's queued copies to be torn down). Frees a forgotten reservation's blocks."""
+        if lost:
+            timer = threading.Timer(self._writer_grace_s, self.release_writer, (writer,),
+                                    {"lost": False})
+            timer.daemon = True
+            timer.start()
+            return
+        res = writer.reservation
+        with res.lock:
+            writer.done = True
+            callback, res.on_released = res.on_released, None
+        if callback is not None:
+            callback()
 
     def received_bytes(self, request_id: str) -> int:
         with self._lock:
@@ -121,9 +186,12 @@ class ReceiverCore(KvReceiver):
                 write(dst)
             res.bytes += data_len
             res.chunks += 1
+            self._debug.applied(chunk, res.bytes)
             if not chunk.last:
                 return None
             res.complete = True
+            if res.writer is not None:  # a direct writer synchronises before its last chunk
+                res.writer.done = True
             ack = kv_pb2.PushAck(bytes=res.bytes, chunks=res.chunks)
         if self._on_complete is not None:
             self._on_complete(chunk.request_id)

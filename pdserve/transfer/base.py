@@ -1,8 +1,16 @@
 """The KV transfer contract: a prefill worker's KvSender pushes a request's KV, layer by layer,
 into blocks a decode worker's KvReceiver reserved for it.
 
-Every backend (tcp, loopback, later cuda_ipc and nccl) implements these interfaces with the same
+Every backend (tcp, loopback, cuda_ipc, nccl) implements these interfaces with the same
 semantics, so services and tests never depend on the wire underneath.
+
+Ordering after an abort: a block is never written after the decode side has freed it. Backends
+whose receiver writes the pool itself (tcp, nccl, loopback) guarantee it inside forget(); a
+backend whose sender writes the peer's pool directly (cuda_ipc) attaches to the reservation
+before its first write, stops and synchronises its copies when it fails, is aborted or is told
+that the request was forgotten, and only then releases it (see KvReceiver.forget).
+
+Debugging: PDSERVE_DEBUG_KV_CHUNK_DELAY_MS slows every chunk down and logs it (_debug.py).
 """
 
 from __future__ import annotations
@@ -176,10 +184,19 @@ class KvReceiver(ABC):
         Raises ValueError on a duplicate request id or an out-of-range block id."""
 
     @abstractmethod
-    def forget(self, request_id: str) -> None:
-        """Drop the request (abort, lease expiry, or decode took the blocks over). Once this
-        returns, no write for it is in progress and later chunks are refused, never written.
-        Unknown ids are ignored. May wait for one chunk's write (milliseconds) to finish."""
+    def forget(self, request_id: str, on_released: Callable[[], None] | None = None) -> bool:
+        """Drop the request (abort, lease expiry, or decode took the blocks over): later chunks
+        are refused, never written. May wait for one chunk's write (milliseconds) to finish.
+
+        Returns True when no write for it can land any more, so its blocks may be reused at
+        once: always for receivers that write the pool themselves (tcp, nccl, loopback), and
+        for unknown ids. Returns False while a peer that writes the pool directly (cuda_ipc)
+        is still attached: the peer is told to stop, and `on_released` is called exactly once,
+        later and from another thread, when its last write has landed (it confirmed after
+        synchronising its copies) or when it is gone (its connection broke, plus a grace
+        period). Until then the caller must not reuse the blocks. A caller that keeps the
+        blocks (the transfer completed; decode took them over) passes no callback.
+        """
 
     @abstractmethod
     def received_bytes(self, request_id: str) -> int:

@@ -11,9 +11,13 @@ side marks the request complete and before finish() reports success.
 
 No silent fallback: a pool not on CUDA, a peer in another PID namespace, a peer GPU not
 visible here, or a failing cudaIpcOpenMemHandle raise CudaIpcUnavailable with the reason.
-Known limit: a push that is already on the copy stream when the decode side forgets the
-request still lands (at most one layer); the receiver then refuses the next metadata chunk,
-which fails the sender, so no later layer is written.
+
+Abort ordering (_attach.py): copies already queued on the copy stream land after the CPU has
+moved on, so the decode side must not free a forgotten request's blocks on its own. The sender
+attaches to the reservation before its first copy; on failure, abort, or the receiver's
+`forgotten` event it stops queueing copies, synchronises the copy stream and only then
+releases; the decode side frees the blocks on that release (or a grace period after the
+sender's call broke).
 """
 
 from __future__ import annotations
@@ -22,19 +26,20 @@ import json
 import os
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 import torch
 
 from pdserve.core.kv_layout import KvLayout
 from pdserve.proto import kv_pb2, kv_pb2_grpc
-from pdserve.transfer._wire import ChunkRejected, block_bytes, torch_dtype
+from pdserve.transfer._attach import DirectWriteReceiver, WriterLink
+from pdserve.transfer._wire import block_bytes, torch_dtype
 from pdserve.transfer.base import (
-    KvTargetSpec, LayoutMismatch, layout_from_proto, layout_to_proto,
-    mismatch_message,
+    KvTargetSpec, LayoutMismatch, TransferError, TransferState, layout_from_proto,
+    layout_to_proto, mismatch_message,
 )
-from pdserve.transfer.tcp import TcpKvReceiver, TcpKvSender, _TcpSendHandle, _rpc_error
+from pdserve.transfer.tcp import TcpKvSender, _TcpSendHandle, _rpc_error
 
 
 class CudaIpcUnavailable(RuntimeError):
@@ -100,9 +105,9 @@ def map_pool(raw: bytes, layout: KvLayout) -> torch.Tensor:
         raise CudaIpcUnavailable(f"cudaIpcOpenMemHandle failed: {err}") from None
 
 
-class CudaIpcKvReceiver(TcpKvReceiver):
-    """Decode side: exports the pool at construction (refuses a non-CUDA pool) and accepts
-    metadata-only chunks on the KvTransfer stream."""
+class CudaIpcKvReceiver(DirectWriteReceiver):
+    """Decode side: exports the pool at construction (refuses a non-CUDA pool), accepts
+    metadata-only chunks on Push and attached writers on Attach."""
 
     def __init__(self, kv_pool: torch.Tensor, layout: KvLayout, **kw: Any) -> None:
         self._export = export_pool(kv_pool)
@@ -113,11 +118,6 @@ class CudaIpcKvReceiver(TcpKvReceiver):
         reply = await super().Handshake(request, context)
         reply.pool_export = self._export
         return reply
-
-    def apply(self, chunk: kv_pb2.KvChunk) -> kv_pb2.PushAck | None:
-        if chunk.data:
-            raise ChunkRejected(grpc.StatusCode.INVALID_ARGUMENT, "cuda_ipc chunks carry no data")
-        return self.account(chunk, chunk.num_blocks * block_bytes(self.layout))
 
 
 class CudaIpcKvSender(TcpKvSender):
@@ -138,7 +138,8 @@ class CudaIpcKvSender(TcpKvSender):
                                  f"{self.layout.compat_hash()} [{self.layout.describe()}]")
         if any(not 0 <= b < remote.shape[2] for b in target.block_ids):
             raise ValueError(f"target blocks outside the decode pool of {remote.shape[2]} blocks")
-        return _IpcSendHandle(target, kv_pool, self.layout, stub, self._call_timeout, remote)
+        return _IpcSendHandle(target, kv_pool, self.layout, stub, self._call_timeout, remote,
+                              CudaCopier(kv_pool.device), self._handshake_timeout)
 
     def close(self) -> None:
         """Unmap the peers' pools and close the channels."""
@@ -161,15 +162,70 @@ class CudaIpcKvSender(TcpKvSender):
             return self._mapped[address]
 
 
+class Copier(Protocol):
+    """Queues copies from the local pool into the peer's pool; synchronize() returns once
+    every queued copy has landed."""
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, layer: int, src_ids: Sequence[int],
+             dst_ids: Sequence[int]) -> None: ...
+
+    def synchronize(self) -> None: ...
+
+
+class CudaCopier:
+    """One gather/scatter per push on a dedicated stream, ordered after the engine's stream
+    (the layer was written there); the engine's stream then waits on it, so the engine may
+    overwrite its blocks right away while the CPU runs ahead."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._device = device
+        self._stream = torch.cuda.Stream(device=device)
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, layer: int, src_ids: Sequence[int],
+             dst_ids: Sequence[int]) -> None:
+        # Pinned + non_blocking: a pageable host-to-device copy would synchronise the copy
+        # stream, i.e. make the CPU wait for the engine's queued layers at every push.
+        src_host = torch.tensor(list(src_ids), dtype=torch.long, pin_memory=True)
+        dst_host = torch.tensor(list(dst_ids), dtype=torch.long, pin_memory=True)
+        current = torch.cuda.current_stream(self._device)
+        self._stream.wait_stream(current)
+        with torch.cuda.stream(self._stream):
+            src_index = src_host.to(self._device, non_blocking=True)
+            dst_index = dst_host.to(self._device, non_blocking=True)
+            dst[layer].index_copy_(1, dst_index, src[layer].index_select(1, src_index))
+        current.wait_stream(self._stream)
+
+    def synchronize(self) -> None:
+        self._stream.synchronize()
+
+
 class _IpcSendHandle(_TcpSendHandle):
-    """Copies on its own stream; the Push stream carries metadata and the final chunk."""
+    """Attached writer: copies through a Copier; the Push stream carries metadata and the
+    final chunk. A failed or aborted handle queues no further copy, synchronises the copier
+    and then releases the reservation (on its own thread: the sync may wait for a forward)."""
 
     def __init__(self, target: KvTargetSpec, kv_pool: torch.Tensor, layout: KvLayout,
-                 stub: kv_pb2_grpc.KvTransferStub, call_timeout: float, remote: torch.Tensor) -> None:
+                 stub: kv_pb2_grpc.KvTransferStub, call_timeout: float, remote: torch.Tensor,
+                 copier: Copier, attach_timeout: float) -> None:
+        # Before super(): the Push call's failure callback may run _fail at once.
+        self._copy_lock = threading.Lock()  # held while a copy is queued; the release waits on it
+        self._stopping = False
+        self._link: WriterLink | None = None
+        self._link_ready = threading.Event()  # set once open() returned (link None: not attached)
         super().__init__(target, kv_pool, layout, 1 << 30, stub, call_timeout, on_mismatch=lambda: None)
         self._remote = remote
-        self._stream = torch.cuda.Stream(device=kv_pool.device)
+        self._copier = copier
         self._block_bytes = block_bytes(layout)
+        link = WriterLink(stub, target.request_id, target.block_ids, self._hash,
+                          call_timeout=call_timeout, on_lost=self._fail)
+        try:
+            link.open(attach_timeout)  # no copy before the receiver registered this writer
+            self._link = link
+        except TransferError:
+            self._cancel()
+            raise
+        finally:
+            self._link_ready.set()
 
     def _encode(self, layer: int, src_block_ids: Sequence[int], dst_block_offset: int
                 ) -> list[tuple[Any, int]]:
@@ -177,19 +233,40 @@ class _IpcSendHandle(_TcpSendHandle):
         if not 0 <= layer < num_layers or any(not 0 <= b < num_blocks for b in src_block_ids):
             raise ValueError(f"layer {layer} or source blocks {list(src_block_ids)} out of range")
         dst = self._target.block_ids[dst_block_offset : dst_block_offset + len(src_block_ids)]
-        device = self._pool.device
-        current = torch.cuda.current_stream(device)
-        self._stream.wait_stream(current)  # the layer was written on the engine's stream
-        with torch.cuda.stream(self._stream):
-            src_index = torch.tensor(list(src_block_ids), dtype=torch.long, device=device)
-            dst_index = torch.tensor(list(dst), dtype=torch.long, device=device)
-            self._remote[layer].index_copy_(1, dst_index, self._pool[layer].index_select(1, src_index))
-        current.wait_stream(self._stream)  # the engine may overwrite its blocks after this
+        with self._copy_lock:
+            if self._state.final:  # failed or aborted: the release may already be under way
+                return []
+            self._copier.copy(self._remote, self._pool, layer, src_block_ids, dst)
         meta = kv_pb2.KvChunk(request_id=self._target.request_id, layout_hash=self._hash,
                               layer=layer, block_offset=dst_block_offset,
                               num_blocks=len(src_block_ids))
         return [(meta, len(src_block_ids) * self._block_bytes)]
 
     def _complete(self, last: kv_pb2.KvChunk, timeout: float) -> kv_pb2.PushAck:
-        self._stream.synchronize()  # every write is done and visible before the last chunk
-        return super()._complete(last, timeout)
+        self._copier.synchronize()  # every write is done and visible before the last chunk
+        ack = super()._complete(last, timeout)
+        if self._link is not None:
+            self._link.release()
+        return ack
+
+    def _fail(self, err: TransferError) -> None:
+        super()._fail(err)
+        self._stop_writing()
+
+    def abort(self) -> None:
+        super().abort()
+        self._stop_writing()
+
+    def _stop_writing(self) -> None:
+        with self._lock:
+            if self._stopping or self._state not in (TransferState.FAILED, TransferState.ABORTED):
+                return
+            self._stopping = True
+        threading.Thread(target=self._drain_and_release, name="kv-ipc-release", daemon=True).start()
+
+    def _drain_and_release(self) -> None:
+        self._link_ready.wait()
+        with self._copy_lock:  # a copy being queued right now goes in before the sync
+            self._copier.synchronize()
+        if self._link is not None:
+            self._link.release()

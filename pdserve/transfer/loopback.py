@@ -79,6 +79,7 @@ class _LoopbackSendHandle(ChunkSendHandle):
         self._receiver = receiver
 
     def _send(self, chunk: kv_pb2.KvChunk) -> None:
+        self._debug.before_send(chunk)
         try:
             self._receiver.apply(chunk)
         except ChunkRejected as err:

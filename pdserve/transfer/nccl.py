@@ -26,6 +26,7 @@ import torch
 from pdserve.core.kv_layout import KvLayout
 from pdserve.proto import kv_pb2
 from pdserve.transfer import _p2p
+from pdserve.transfer._debug import ChunkDebug
 from pdserve.transfer._handle import ChunkSendHandle
 from pdserve.transfer._nccl_pair import SenderPair
 from pdserve.transfer._p2p import Ack, PairState
@@ -104,6 +105,10 @@ class NcclSendHandle(ChunkSendHandle):
     @property
     def request_id(self) -> str:
         return self._target.request_id
+
+    @property
+    def debug(self) -> ChunkDebug:
+        return self._debug
 
     def _encode(self, layer: int, src_block_ids: Sequence[int], dst_block_offset: int
                 ) -> list[tuple[Any, int]]:

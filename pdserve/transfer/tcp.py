@@ -136,6 +136,7 @@ class _TcpSendHandle(ChunkSendHandle):
 
     def _requests(self) -> Iterator[kv_pb2.KvChunk]:
         while (chunk := self._queue.get()) is not None:
+            self._debug.before_send(chunk)
             yield chunk
 
     def _on_done(self, future: grpc.Future) -> None:

@@ -6,13 +6,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from pdserve.transfer import make_receiver
-from pdserve.transfer.base import KvTargetSpec
+from pdserve.transfer.base import KvTargetSpec, TransferError, TransferState
 from pdserve.transfer.cuda_ipc import CudaIpcKvSender, CudaIpcUnavailable, map_pool
 from transfer_helpers import layer_bytes, make_layout, poisoned_pool, random_pool
 
@@ -43,14 +44,61 @@ def test_map_refuses_other_pid_namespace_and_empty_export() -> None:
         map_pool(b'{"pid_ns": "pid:[1]"}', layout)
 
 
+def _peer() -> subprocess.Popen[str]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.Popen([sys.executable, str(HERE / "ipc_peer.py")], env=env, text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+
+def _ask(proc: subprocess.Popen[str], line: str, prefix: str) -> list[str]:
+    proc.stdin.write(line + "\n")
+    proc.stdin.flush()
+    return _reply(proc, prefix)
+
+
+def _reply(proc: subprocess.Popen[str], prefix: str) -> list[str]:
+    words = proc.stdout.readline().split()
+    assert words and words[0] == prefix, words
+    return words[1:]
+
+
+@pytest.mark.gpu
+def test_forget_during_a_queued_copy_never_writes_reused_blocks() -> None:
+    """The known cuda_ipc abort race: a copy already queued on the prefill side's copy stream
+    (here behind ~1 s of GPU sleep on the engine stream; the push itself must not wait for it) when the decode side forgets the
+    request. The decode side must hand the blocks back only after that copy landed."""
+    layout = make_layout("bfloat16")
+    proc = _peer()
+    try:
+        address = _reply(proc, "ADDRESS")[0]
+        src = random_pool(layout, 32).cuda()
+        sender = CudaIpcKvSender(layout)
+        handle = sender.start(KvTargetSpec("r1", tuple(DST), address, layout.compat_hash(),
+                                           "cuda_ipc"), src)
+        torch.cuda._sleep(2_000_000_000)  # the engine stream is busy; the copy queues behind it
+        t0 = time.monotonic()
+        handle.push(0, SRC, 0)
+        assert time.monotonic() - t0 < 0.3, "push waited for the engine stream"
+        assert _ask(proc, f"forget r1 {','.join(map(str, DST))}", "FORGET") == ["False"]
+        held = float(_reply(proc, "RELEASED")[0])
+        torch.cuda.synchronize()
+        assert handle.state == TransferState.FAILED
+        with pytest.raises(TransferError):
+            handle.finish(timeout=10)
+        assert _ask(proc, f"reused {','.join(map(str, DST))}", "REUSED") == ["True"]
+        print(f"blocks held {held:.3f} s until the sender released them")
+        sender.close()
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)
+
+
 @pytest.mark.gpu
 def test_two_processes_one_gpu_round_trip() -> None:
     layout = make_layout("bfloat16")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.Popen([sys.executable, str(HERE / "ipc_peer.py")], env=env, text=True,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    proc = _peer()
     try:
-        address = proc.stdout.readline().split()[1]
+        address = _reply(proc, "ADDRESS")[0]
         src = random_pool(layout, 32).cuda()
         sender = CudaIpcKvSender(layout)
         handle = sender.start(KvTargetSpec("r1", tuple(DST), address, layout.compat_hash(),
@@ -60,9 +108,7 @@ def test_two_processes_one_gpu_round_trip() -> None:
             handle.push(layer, SRC[2:], 2)
         stats = handle.finish(timeout=30)
         expected = src[:, :, SRC].float().cpu()
-        proc.stdin.write(f"dump r1 {','.join(map(str, DST))}\n")
-        proc.stdin.flush()
-        _, complete, total, absolute = proc.stdout.readline().split()
+        complete, total, absolute = _ask(proc, f"dump r1 {','.join(map(str, DST))}", "STATE")
         assert complete == "True"
         assert float(total) == pytest.approx(expected.sum().item(), rel=1e-4, abs=1e-3)
         assert float(absolute) == pytest.approx(expected.abs().sum().item(), rel=1e-4)

@@ -1,0 +1,311 @@
+"""KV transfer benchmark: prefill -> decode between two real processes, per backend.
+
+python bench/transfer.py --out bench/results/transfer-<device>-<date>.json [--backends tcp,nccl]
+                         [--tokens 2048,8192] [--reps 3] [--tiny]
+
+This process is the prefill side (a KvSender over its own pool); it starts the decode side
+(`--role receiver`: a KvReceiver over a pool of the same layout) as a child process, on the same
+device. For each backend and prompt length it moves the KV of one prompt (every layer, pushed
+layer by layer as the engine does) and reports payload GB/s (KV bytes / seconds from start to
+the receiver's ack; median of --reps after one warmup), and its ratio to the copy bandwidth of
+the device measured in the same run (a same-device copy of a large buffer, bytes counted once,
+like the payload: device-to-device on CUDA, memcpy on CPU).
+
+TTFT: the model runner prefills one prompt with no transfer, then with the transfer hooked in
+per layer (the prefill worker's layer-wise overlap: layer l is pushed as soon as it is written,
+and the first token counts only once the receiver acknowledged every byte). Reported: both
+medians and the added fraction. On CUDA the model is Llama-3.1-8B (bench/configs, dummy
+weights, bf16); on CPU it is SmolLM2-135M's shape in float32 at shorter prompts (an 8B prefill
+on CPU takes minutes). Backends: auto = tcp and nccl (gloo) on CPU; cuda_ipc, nccl and tcp on
+CUDA (nccl needs two GPUs: NCCL refuses two ranks on one device, recorded as an error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from pdserve.core.kv_layout import KvLayout  # noqa: E402
+from pdserve.transfer import make_receiver, make_sender  # noqa: E402
+from pdserve.transfer._wire import torch_dtype  # noqa: E402
+from pdserve.transfer.base import KvTargetSpec, TransferError  # noqa: E402
+
+LLAMA_8B = KvLayout(model="llama-3.1-8b", num_layers=32, num_kv_heads=8, head_dim=128,
+                    block_size=16, dtype="bfloat16")
+TINY = KvLayout(model="tiny", num_layers=2, num_kv_heads=2, head_dim=16, block_size=16,
+                dtype="float32")
+SMOLLM2 = {  # SmolLM2-135M's shape (the default model), dummy weights
+    "model_type": "llama", "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+    "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49152,
+    "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 100000.0,
+    "tie_word_embeddings": True,
+}
+TINY_MODEL = dict(SMOLLM2, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=256)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def pool_for(layout: KvLayout, num_blocks: int, device: torch.device) -> torch.Tensor:
+    shape = (layout.num_layers, 2, num_blocks, layout.block_size, layout.num_kv_heads, layout.head_dim)
+    return torch.randn(shape, device=device).to(torch_dtype(layout))
+
+
+# ---- decode side (child process) -------------------------------------------------------------
+
+async def receiver_main(backend: str, layout: KvLayout, num_blocks: int, device: torch.device) -> None:
+    """Serve a receiver; stdin: `expect RID N` (blocks 0..N-1), `forget RID`; EOF ends."""
+    import grpc
+
+    from pdserve.transfer.tcp import TCP_GRPC_OPTIONS
+
+    pool = torch.zeros((layout.num_layers, 2, num_blocks, layout.block_size, layout.num_kv_heads,
+                        layout.head_dim), dtype=torch_dtype(layout), device=device)
+    kw = {"host": "127.0.0.1", "port": 0} if backend == "nccl" else {}
+    receiver = make_receiver(backend, pool, layout, **kw)
+    server = None
+    address = getattr(receiver, "kv_address", "")
+    if hasattr(receiver, "add_to_server"):
+        server = grpc.aio.server(options=TCP_GRPC_OPTIONS)
+        receiver.add_to_server(server)
+        address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+        await server.start()
+    print(f"ADDRESS {address}", flush=True)
+    loop = asyncio.get_running_loop()
+    while line := await loop.run_in_executor(None, sys.stdin.readline):
+        cmd, rid, *rest = line.split()
+        if cmd == "expect":
+            receiver.expect(rid, list(range(int(rest[0]))))
+        else:
+            receiver.forget(rid)
+        print("OK", flush=True)
+    if server is not None:
+        await server.stop(None)
+    if hasattr(receiver, "close"):
+        receiver.close()
+
+
+class Peer:
+    """The decode-side child process."""
+
+    def __init__(self, backend: str, layout: KvLayout, num_blocks: int, device: str) -> None:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--role", "receiver", "--backends", backend,
+             "--layout", json.dumps(dataclasses.asdict(layout)), "--blocks", str(num_blocks),
+             "--device", device, "--out", "-"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        line = self.proc.stdout.readline()
+        if not line.startswith("ADDRESS "):
+            self.close()
+            raise RuntimeError(f"receiver did not start: {line!r}")
+        self.address = line.split()[1]
+
+    def ask(self, line: str) -> None:
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        if self.proc.stdout.readline().strip() != "OK":
+            raise RuntimeError(f"receiver refused {line!r}")
+
+    def close(self) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+# ---- prefill side -----------------------------------------------------------------------------
+
+def copy_bandwidth(device: torch.device, nbytes: int) -> float:
+    """GB/s of a same-device copy of `nbytes` (each byte counted once), median of 10."""
+    a = torch.randn(nbytes // 4, device=device)
+    b = torch.empty_like(a)
+    times = []
+    for i in range(12):
+        sync(device)
+        t0 = time.perf_counter()
+        b.copy_(a)
+        sync(device)
+        if i >= 2:
+            times.append(time.perf_counter() - t0)
+    return nbytes / statistics.median(times) / 1e9
+
+
+def one_transfer(sender, peer: Peer, pool: torch.Tensor, layout: KvLayout, n_blocks: int,
+                 rid: str, hook_into=None) -> tuple[float, int]:
+    """Move blocks 0..n-1 of every layer; returns (seconds from start to ack, bytes). With
+    `hook_into(hook)`, the caller runs the pushes (per layer, from its forward)."""
+    peer.ask(f"expect {rid} {n_blocks}")
+    target = KvTargetSpec(rid, tuple(range(n_blocks)), peer.address, layout.compat_hash(), "")
+    blocks = list(range(n_blocks))
+    t0 = time.perf_counter()
+    handle = sender.start(target, pool)
+    if hook_into is None:
+        for layer in range(layout.num_layers):
+            handle.push(layer, blocks, 0)
+    else:
+        hook_into(lambda layer: handle.push(layer, blocks, 0))
+    stats = handle.finish(timeout=600)
+    sync(pool.device)
+    seconds = time.perf_counter() - t0
+    peer.ask(f"forget {rid}")
+    return seconds, stats.bytes
+
+
+def bench_backend(backend: str, layout: KvLayout, tokens: list[int], reps: int, device: torch.device,
+                  copy_gbps: float) -> dict[str, Any]:
+    n_max = max(tokens) // layout.block_size
+    peer = Peer(backend, layout, n_max, str(device))
+    sender = make_sender(backend, layout)
+    try:
+        pool = pool_for(layout, n_max, device)
+        out: dict[str, Any] = {}
+        for n_tok in tokens:
+            n = n_tok // layout.block_size
+            runs = [one_transfer(sender, peer, pool, layout, n, f"{n_tok}-{i}") for i in range(reps + 1)]
+            seconds = statistics.median(s for s, _ in runs[1:])
+            gbps = runs[0][1] / seconds / 1e9
+            out[str(n_tok)] = {"bytes": runs[0][1], "seconds": seconds, "GBps": gbps,
+                               "ratio_to_copy": gbps / copy_gbps, "reps": reps}
+            print(f"{backend:8s} {n_tok:6d} tokens  {runs[0][1] / 2**20:8.1f} MiB  {seconds * 1e3:8.1f} ms"
+                  f"  {gbps:7.2f} GB/s  ({gbps / copy_gbps:.3f} of copy)", flush=True)
+        return out
+    finally:
+        sender.close()
+        peer.close()
+
+
+def bench_ttft(backend: str, model: dict, tokens: list[int], reps: int, device: torch.device) -> dict:
+    """Prefill time of one prompt alone vs with its KV pushed per layer and acknowledged."""
+    from pdserve.core.sampling import SamplingParams
+    from pdserve.core.step_io import SeqSlice, StepInput
+    from pdserve.model.spec import ModelSpec
+    from pdserve.runtime.runner import ModelRunner
+
+    spec = ModelSpec.from_config_dict(model)
+    n_max = max(tokens) // 16 + 1
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    runner = ModelRunner(spec, None, device=device, dtype=dtype, num_blocks=n_max, block_size=16,
+                         load_format="dummy", max_model_len=max(tokens) + 16, max_num_seqs=4)
+    layout = runner.layout
+    peer = Peer(backend, layout, n_max, str(device))
+    sender = make_sender(backend, layout)
+    out: dict[str, Any] = {"model": spec.name or model.get("model_type"), "layout": layout.describe()}
+    try:
+        for n_tok in tokens:
+            ids = tuple(torch.randint(0, spec.vocab_size, (n_tok,)).tolist())
+            n = (n_tok + 15) // 16
+            step = StepInput((SeqSlice("p", ids, 0, tuple(range(n)), SamplingParams(temperature=0.0)),))
+
+            def alone() -> float:
+                sync(device)
+                t0 = time.perf_counter()
+                runner.execute(step)
+                sync(device)
+                return time.perf_counter() - t0
+
+            def with_transfer(i: int) -> float:
+                return one_transfer(sender, peer, runner.kv_pool, layout, n, f"ttft-{n_tok}-{i}",
+                                    hook_into=lambda hook: runner.execute(step, layer_hook=hook))[0]
+
+            base, xfer = [], []
+            for i in range(reps + 1):  # interleaved, the first of each is warmup
+                base.append(alone())
+                xfer.append(with_transfer(i))
+            b, x = statistics.median(base[1:]), statistics.median(xfer[1:])
+            out[str(n_tok)] = {"ttft_ms_no_transfer": b * 1e3, "ttft_ms_with_transfer": x * 1e3,
+                               "added_ratio": (x - b) / b, "reps": reps}
+            print(f"{backend:8s} TTFT {n_tok:6d} tokens  {b * 1e3:8.1f} ms alone  {x * 1e3:8.1f} ms with"
+                  f" transfer  (+{(x - b) / b * 100:.1f} %)", flush=True)
+        return out
+    finally:
+        sender.close()
+        peer.close()
+
+
+def auto_backends(device: torch.device) -> list[str]:
+    return ["cuda_ipc", "nccl", "tcp"] if device.type == "cuda" else ["tcp", "nccl"]
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+
+
+def run(a: argparse.Namespace) -> dict[str, Any]:
+    device = torch.device(a.device)
+    layout = TINY if a.tiny else LLAMA_8B
+    tokens = [int(t) for t in a.tokens.split(",")] if a.tokens else ([64, 256] if a.tiny else [2048, 8192])
+    ttft_tokens = [int(t) for t in a.ttft_tokens.split(",")] if a.ttft_tokens else (
+        [64] if a.tiny else ([2048, 8192] if device.type == "cuda" else [512]))
+    backends = a.backends.split(",") if a.backends != "auto" else auto_backends(device)
+    model = TINY_MODEL if a.tiny else (
+        json.loads((ROOT / "bench/configs/llama-3.1-8b.json").read_text()) if device.type == "cuda" else SMOLLM2)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    res: dict[str, Any] = {
+        "device": device_name(device), "date": datetime.date.today().isoformat(),
+        "commit": commit or "unknown", "torch": torch.__version__, "layout": dataclasses.asdict(layout),
+        "tokens": tokens, "reps": a.reps,
+        "copy_GBps": copy_bandwidth(device, (64 << 20) if a.tiny else (1 << 30)),
+        "targets": {"cuda_ipc_ratio_to_copy_8k": 0.80, "ttft_added_ratio_max": 0.03},
+        "transfer": {}, "ttft": {},
+    }
+    print(f"copy bandwidth {res['copy_GBps']:.2f} GB/s on {res['device']}", flush=True)
+    for backend in backends:
+        try:
+            res["transfer"][backend] = bench_backend(backend, layout, tokens, a.reps, device, res["copy_GBps"])
+            res["ttft"][backend] = bench_ttft(backend, model, ttft_tokens, a.reps, device)
+        except (TransferError, RuntimeError, ValueError) as err:  # e.g. nccl on one GPU
+            res["transfer"].setdefault(backend, {})["error"] = f"{type(err).__name__}: {err}"
+            print(f"{backend}: {err}", flush=True)
+    return res
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="JSON file to write")
+    p.add_argument("--backends", default="auto", help="comma list of tcp,nccl,cuda_ipc or auto")
+    p.add_argument("--tokens", default="", help="prompt lengths (default 2048,8192; tiny 64,256)")
+    p.add_argument("--ttft-tokens", default="", help="prompt lengths of the TTFT runs")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--tiny", action="store_true", help="a tiny layout and model (tests)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--role", default="sender", choices=["sender", "receiver"], help=argparse.SUPPRESS)
+    p.add_argument("--layout", default="", help=argparse.SUPPRESS)
+    p.add_argument("--blocks", type=int, default=0, help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.role == "receiver":
+        asyncio.run(receiver_main(a.backends, KvLayout(**json.loads(a.layout)), a.blocks, torch.device(a.device)))
+        sys.stdout.flush()
+        os._exit(0)  # skip interpreter teardown: gloo groups abort the process there
+    torch.manual_seed(0)
+    res = run(a)
+    Path(a.out).write_text(json.dumps(res, indent=1) + "\n")
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()

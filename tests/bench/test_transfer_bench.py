@@ -1,0 +1,36 @@
+"""bench/transfer.py runs end to end on CPU at a tiny size and writes the documented JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_tiny_run_writes_every_key(tmp_path: Path) -> None:
+    out = tmp_path / "transfer.json"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, str(ROOT / "bench/transfer.py"), "--tiny", "--backends", "tcp",
+                           "--reps", "1", "--device", "cpu", "--out", str(out)],
+                          env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    res = json.loads(out.read_text())
+    for key in ("device", "date", "commit", "torch", "layout", "tokens", "copy_GBps", "targets",
+                "transfer", "ttft"):
+        assert key in res, key
+    assert res["copy_GBps"] > 0
+    per_len = res["transfer"]["tcp"]
+    assert set(per_len) == {"64", "256"}
+    for n_tok, row in per_len.items():
+        want_bytes = 2 * res["layout"]["num_layers"] * int(n_tok) * res["layout"]["num_kv_heads"] \
+            * res["layout"]["head_dim"] * 4  # K and V, float32
+        assert row["bytes"] == want_bytes
+        assert row["GBps"] > 0 and row["seconds"] > 0
+        assert row["ratio_to_copy"] == row["GBps"] / res["copy_GBps"]
+    ttft = res["ttft"]["tcp"]["64"]
+    assert ttft["ttft_ms_no_transfer"] > 0 and ttft["ttft_ms_with_transfer"] > 0
+    assert abs(ttft["added_ratio"] - (ttft["ttft_ms_with_transfer"] / ttft["ttft_ms_no_transfer"] - 1)) < 1e-9

@@ -1,0 +1,211 @@
+"""Abort ordering of the direct-write protocol (cuda_ipc's) on CPU: a block is never written
+after the decode side freed it.
+
+The real cuda_ipc sender handle and the real receiver (DirectWriteReceiver, the cuda_ipc
+receiver minus the CUDA pool export) talk real gRPC on 127.0.0.1; only the copy engine is a
+CPU stand-in for the CUDA copy stream: copies are queued and land later on a worker thread
+(after a gate opens), which is exactly what made a queued GPU copy land after an abort.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Iterator, Sequence
+
+import grpc
+import pytest
+import torch
+
+from decode_service.engine import DecodeEngine
+from pdserve.core.block_manager import BlockManager
+from pdserve.core.scheduler import Scheduler, SchedulerConfig
+from pdserve.proto import kv_pb2_grpc
+from pdserve.runtime.loop import EngineLoop
+from pdserve.transfer._attach import DirectWriteReceiver
+from pdserve.transfer.base import KvTargetSpec, TransferError, TransferState
+from pdserve.transfer.cuda_ipc import _IpcSendHandle
+from pdserve.transfer.tcp import TCP_GRPC_OPTIONS
+from pdtest.fake_runner import FakeRunner
+from transfer_helpers import AioServer, layer_bytes, make_layout, poisoned_pool, random_pool, wait_until
+
+SRC, DST = [5, 0, 22, 9], [17, 3, 29, 8]
+REUSED = -5.0  # what the decode side writes into blocks it reassigned
+GRACE_S = 0.6
+
+
+class QueuedCopier:
+    """A copy stream on CPU: copy() queues, a worker thread applies once `gate` is open;
+    synchronize() returns when everything queued has landed."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.queued = 0
+        self.landed = 0
+        self._queue: queue.Queue = queue.Queue()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, layer: int, src_ids: Sequence[int],
+             dst_ids: Sequence[int]) -> None:
+        self.queued += 1
+        data = src[layer][:, list(src_ids)].clone()  # the source may be overwritten at once
+        self._queue.put((dst, layer, list(dst_ids), data))
+
+    def synchronize(self) -> None:
+        self._queue.join()
+
+    def _run(self) -> None:
+        while True:
+            dst, layer, dst_ids, data = self._queue.get()
+            self.gate.wait()
+            dst[layer][:, dst_ids] = data
+            self.landed += 1
+            self._queue.task_done()
+
+
+class Rig:
+    def __init__(self) -> None:
+        self.layout = make_layout()
+        self.src, self.dst = random_pool(self.layout, 32), poisoned_pool(self.layout, 32)
+        self.receiver = DirectWriteReceiver(self.dst, self.layout, writer_grace_s=GRACE_S)
+        self.server = AioServer(self.receiver)
+        self.channel = grpc.insecure_channel(self.server.address, options=TCP_GRPC_OPTIONS)
+        self.copier = QueuedCopier()
+        self.released = threading.Event()
+        self.released_at = 0.0
+
+    def handle(self, rid: str = "r1") -> _IpcSendHandle:
+        target = KvTargetSpec(rid, tuple(DST), self.server.address, self.layout.compat_hash(),
+                              "cuda_ipc")
+        return _IpcSendHandle(target, self.src, self.layout, kv_pb2_grpc.KvTransferStub(self.channel),
+                              30.0, self.dst, self.copier, attach_timeout=5.0)
+
+    def reuse_blocks(self) -> None:
+        """The decode engine's on_released: the blocks go back to the pool and get new data."""
+        self.released_at = time.monotonic()
+        self.dst[:, :, DST] = REUSED
+        self.released.set()
+
+    def close(self) -> None:
+        self.copier.gate.set()
+        self.channel.close()
+        self.server.stop()
+
+
+@pytest.fixture
+def rig() -> Iterator[Rig]:
+    r = Rig()
+    yield r
+    r.close()
+
+
+def _reused_blocks_intact(rig: Rig) -> bool:
+    return bool((rig.dst[:, :, DST] == REUSED).all())
+
+
+def test_forget_while_a_copy_is_queued_frees_only_after_it_landed(rig: Rig) -> None:
+    rig.receiver.expect("r1", DST)
+    handle = rig.handle()
+    handle.push(0, SRC, 0)  # queued, not landed: the gate is closed
+    wait_until(lambda: rig.receiver.received_bytes("r1") == layer_bytes(rig.layout, len(SRC)))
+    assert rig.receiver.forget("r1", on_released=rig.reuse_blocks) is False
+    wait_until(lambda: handle.state == TransferState.FAILED)  # told by the Attach event
+    handle.push(1, SRC, 0)  # no-op now: nothing more is queued
+    time.sleep(0.3)
+    assert not rig.released.is_set() and rig.copier.queued == 1 and rig.copier.landed == 0
+    rig.copier.gate.set()  # the queued copy lands, then the sender synchronises and releases
+    assert rig.released.wait(5)
+    assert rig.copier.landed == 1
+    time.sleep(0.2)
+    assert _reused_blocks_intact(rig)  # nothing was written after the blocks were reused
+    with pytest.raises(TransferError) as info:
+        handle.finish(timeout=5)
+    assert info.value.code == "NOT_FOUND"
+
+
+def test_sender_aborted_first_releases_after_its_copies(rig: Rig) -> None:
+    rig.receiver.expect("r1", DST)
+    handle = rig.handle()
+    handle.push(0, SRC, 0)
+    handle.abort()  # the prefill side gave up; its copy is still queued
+    assert rig.receiver.forget("r1", on_released=rig.reuse_blocks) is False
+    time.sleep(0.2)
+    assert not rig.released.is_set()
+    rig.copier.gate.set()
+    assert rig.released.wait(5) and rig.copier.landed == 1
+    time.sleep(0.2)
+    assert _reused_blocks_intact(rig)
+
+
+def test_released_writer_lets_forget_free_at_once(rig: Rig) -> None:
+    rig.receiver.expect("r1", DST)
+    rig.copier.gate.set()
+    handle = rig.handle()
+    handle.push(0, SRC, 0)
+    handle.abort()
+    wait_until(lambda: rig.receiver._reservations["r1"].writer.done)
+    assert rig.receiver.forget("r1", on_released=rig.reuse_blocks) is True
+
+
+def test_forgotten_before_attach_is_refused_and_nothing_is_written(rig: Rig) -> None:
+    rig.receiver.expect("r1", DST)
+    assert rig.receiver.forget("r1") is True  # no writer: free at once
+    before = rig.dst.clone()
+    with pytest.raises(TransferError) as info:
+        rig.handle()
+    assert info.value.code == "NOT_FOUND" and rig.copier.queued == 0
+    assert torch.equal(rig.dst, before)
+
+
+def test_attach_with_other_blocks_is_refused(rig: Rig) -> None:
+    rig.receiver.expect("r1", [1, 2, 3, 4])
+    with pytest.raises(TransferError) as info:
+        rig.handle()
+    assert info.value.code == "INVALID_ARGUMENT" and "block_ids" in str(info.value)
+
+
+def test_lost_writer_is_released_after_the_grace(rig: Rig) -> None:
+    rig.receiver.expect("r1", DST)
+    rig.copier.gate.set()
+    handle = rig.handle()
+    handle.push(0, SRC, 0)
+    handle._link._call.cancel()  # the writer's connection breaks without a release
+    wait_until(lambda: handle.state == TransferState.FAILED)
+    t0 = time.monotonic()
+    assert rig.receiver.forget("r1", on_released=rig.reuse_blocks) is False
+    assert rig.released.wait(GRACE_S + 2)
+    assert rig.released_at - t0 >= GRACE_S * 0.5  # held until the grace ran out
+
+
+def test_full_transfer_lands_and_completes(rig: Rig) -> None:
+    rig.receiver.expect("r1", DST)
+    rig.copier.gate.set()
+    handle = rig.handle()
+    for layer in range(rig.layout.num_layers):
+        handle.push(layer, SRC, 0)
+    stats = handle.finish(timeout=10)
+    assert stats.bytes == rig.layout.num_layers * layer_bytes(rig.layout, len(SRC))
+    assert rig.receiver.is_complete("r1")
+    assert torch.equal(rig.dst[:, :, DST], rig.src[:, :, SRC])
+    assert rig.receiver.forget("r1") is True  # decode takes the blocks over
+
+
+def test_decode_engine_keeps_aborted_blocks_until_the_writer_released(rig: Rig) -> None:
+    """The decode worker's own engine over the real receiver: an aborted reservation's blocks
+    stay allocated while the attached writer's copy is queued, and are free after its release."""
+    blocks = BlockManager(32, rig.layout.block_size)
+    loop = EngineLoop(Scheduler(SchedulerConfig(), blocks), FakeRunner(rig.layout.block_size))
+    engine = DecodeEngine(loop, rig.receiver, eos_ids=(0,), lease_s=30.0)
+    reserved = engine.reserve("r1", 4 * rig.layout.block_size)
+    target = KvTargetSpec("r1", tuple(reserved), rig.server.address, rig.layout.compat_hash(), "cuda_ipc")
+    handle = _IpcSendHandle(target, rig.src, rig.layout, kv_pb2_grpc.KvTransferStub(rig.channel),
+                            30.0, rig.dst, rig.copier, attach_timeout=5.0)
+    handle.push(0, SRC, 0)  # queued behind the closed gate
+    free_before = blocks.num_free
+    assert engine.abort("r1")
+    time.sleep(0.3)
+    assert blocks.num_free == free_before  # still held: the copy has not landed
+    rig.copier.gate.set()
+    wait_until(lambda: blocks.num_free == free_before + len(reserved))
+    assert rig.copier.landed == 1
