@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import sys
 
@@ -73,6 +74,11 @@ async def amain(args: argparse.Namespace) -> None:
     async def on_start() -> None:
         if args.http_port is not None:
             await http.start(args.host, args.http_port)
+        # Everything built so far (transformers, the tokenizer, torch when imported) lives until
+        # exit; frozen, the collector stops walking its ~300k objects on every full collection,
+        # which took ~11% of the gateway's CPU while it streamed 2,000 tokens/s.
+        gc.collect()
+        gc.freeze()
 
     async def drain() -> None:
         if not await generation.admission.drain(args.drain_timeout):
