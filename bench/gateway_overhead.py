@@ -49,9 +49,10 @@ class Timed:
     def __init__(self, interval: float) -> None:
         self.interval = interval
         self.arrivals: dict[str, list[float]] = {}  # request id -> arrival of token 0, 1, ...
+        self.messages = 0  # messages with tokens (fewer than tokens when the gateway merges them)
 
     def reset(self) -> None:
-        self.arrivals = {}
+        self.arrivals, self.messages = {}, 0
 
     def got(self, out: RequestOutput, seen: list[float], n: int, now: float) -> None:
         if not seen:
@@ -59,6 +60,7 @@ class Timed:
         else:
             out.itl.append(now - seen[-1])
         seen.extend([now] * n)
+        self.messages += 1
 
     def done(self, out: RequestOutput, rid: str, seen: list[float]) -> RequestOutput:
         out.latency = time.monotonic() - out.start
@@ -86,7 +88,8 @@ class ViaGateway(Timed):
                 elif msg.HasField("complete"):
                     rid = msg.complete.request_id
         except grpc.aio.AioRpcError as e:
-            out.error = f"{e.code().name}: {e.details()}"
+            out.error = f"{e.code().name}: {e.details()} ({e.debug_error_string()})"
+            out.latency, out.output_len = time.monotonic() - out.start, len(seen)
             return out
         return self.done(out, rid, seen)
 
@@ -116,7 +119,8 @@ class Direct(Timed):
                     request_id=rid, prompt_token_ids=req.prompt_ids, first_token=first.first_token, sampling=sampling)):
                 self.got(out, seen, len(batch.token_ids), time.monotonic())
         except grpc.aio.AioRpcError as e:
-            out.error = f"{e.code().name}: {e.details()}"
+            out.error = f"{e.code().name}: {e.details()} ({e.debug_error_string()})"
+            out.latency, out.output_len = time.monotonic() - out.start, len(seen)
             return out
         return self.done(out, rid, seen)
 
@@ -175,7 +179,10 @@ async def measure(backend: Timed, streams: int, output_len: int, input_len: int,
     return {
         "streams": streams, "output_len": output_len, "completed": len(ok), "errors": len(errors),
         "error_samples": sorted(set(errors))[:5], "duration_s": res.metrics["duration"],
-        "tokens_per_s": res.metrics["output_throughput"], "load_avg_1m": [load0, os.getloadavg()[0]],
+        "failed_after_s": sorted(round(o.latency, 2) for o in res.outputs if not o.success)[:: max(1, len(errors) // 10)],
+        "failed_tokens_seen": sorted(o.output_len for o in res.outputs if not o.success)[:: max(1, len(errors) // 10)],
+        "tokens_per_s": res.metrics["output_throughput"],
+        "tokens_per_message": sum(len(a) for a in backend.arrivals.values()) / max(1, backend.messages), "load_avg_1m": [load0, os.getloadavg()[0]],
         "streams_with_emit_log": len(emits), "steady_window_s": max(0.0, hi - lo),
         "ttft_ms": _pct([o.ttft for o in ok]),
         "token_delay_ms": _pct(delay), "token_delay_steady_ms": _pct(steady),
