@@ -157,14 +157,23 @@ def delays(arrivals: dict[str, list[float]], emits: dict[str, list[float]]) -> t
     return (arr[:, 0], arr[:, 1]) if pairs else (np.zeros(0), np.zeros(0))
 
 
-async def measure(backend: Timed, streams: int, output_len: int, input_len: int, emit_log: Path) -> dict[str, Any]:
-    """streams concurrent requests started at once; per-token delay statistics (ms) and errors."""
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def measure(backend: Timed, streams: int, output_len: int, input_len: int, emit_log: Path,
+                  pids: dict[str, int]) -> dict[str, Any]:
+    """streams concurrent requests started at once; per-token delay statistics (ms), errors, and the CPU
+    time per token of each process in pids (name -> pid) over the run."""
     reqs = datasets.random_requests(streams, input_len, output_len, 0.0, 32000, seed=streams)
     warm = datasets.random_requests(20, input_len, 5, 0.0, 32000, seed=1)
     await run(backend, warm, RunConfig(math.inf, progress=False))  # type: ignore[arg-type]
     backend.reset()
-    load0 = os.getloadavg()[0]
+    load0, cpu0 = os.getloadavg()[0], {name: cpu_seconds(pid) for name, pid in pids.items()}
     res = await run(backend, reqs, RunConfig(math.inf, max_concurrency=streams, progress=False))  # type: ignore[arg-type]
+    cpu = {name: cpu_seconds(pid) - cpu0[name] for name, pid in pids.items()}
     await backend.close()
     ok = [o for o in res.outputs if o.success]
     emits = await read_emits(emit_log, set(backend.arrivals))
@@ -182,6 +191,8 @@ async def measure(backend: Timed, streams: int, output_len: int, input_len: int,
         "failed_after_s": sorted(round(o.latency, 2) for o in res.outputs if not o.success)[:: max(1, len(errors) // 10)],
         "failed_tokens_seen": sorted(o.output_len for o in res.outputs if not o.success)[:: max(1, len(errors) // 10)],
         "tokens_per_s": res.metrics["output_throughput"],
+        "cpu_us_per_token": {name: round(1e6 * c / max(1, res.metrics["output_throughput"] * res.metrics["duration"]), 1)
+                             for name, c in cpu.items()},
         "tokens_per_message": sum(len(a) for a in backend.arrivals.values()) / max(1, backend.messages), "load_avg_1m": [load0, os.getloadavg()[0]],
         "streams_with_emit_log": len(emits), "steady_window_s": max(0.0, hi - lo),
         "ttft_ms": _pct([o.ttft for o in ok]),
@@ -194,15 +205,16 @@ async def experiment(args: argparse.Namespace, stack: FakeStack, emit_log: Path)
     """Baseline (direct) and gateway runs at --streams, then the gateway at --errors-at."""
     interval = args.interval_ms / 1000.0
     w = stack.workers
+    pids = {name: proc.popen.pid for name, proc in stack.procs.items()} | {"client": os.getpid()}
     out: dict[str, Any] = {}
     if not args.no_direct:
         out["direct"] = await measure(Direct(w["fake-prefill"], w["fake-decode"], interval), args.streams,
-                                      args.output_len, args.input_len, emit_log)
-    gw = await measure(ViaGateway(stack.gateway, interval), args.streams, args.output_len, args.input_len, emit_log)
+                                      args.output_len, args.input_len, emit_log, pids)
+    gw = await measure(ViaGateway(stack.gateway, interval), args.streams, args.output_len, args.input_len, emit_log, pids)
     out["gateway"] = gw
     if args.errors_at:
         out[f"gateway_{args.errors_at}"] = await measure(ViaGateway(stack.gateway, interval), args.errors_at,
-                                                         args.output_len, args.input_len, emit_log)
+                                                         args.output_len, args.input_len, emit_log, pids)
     steady = gw["token_delay_steady_ms"]
     out["gateway_added_per_token_ms"] = {
         "upper_bound": {k: steady[k] for k in ("median", "p99")},
@@ -246,6 +258,7 @@ def main() -> None:
         if name in run_doc:
             r = run_doc[name]
             print(name, {k: round(r["token_delay_steady_ms"][k], 3) for k in ("median", "p90", "p99", "max", "count")},
+                  "cpu us/token", r["cpu_us_per_token"],
                   "errors", r["errors"], r["error_samples"], "tok/s", round(r["tokens_per_s"]))
     print(f"saved {out}")
 
