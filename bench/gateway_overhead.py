@@ -286,9 +286,9 @@ def _commit() -> str:
     import subprocess
 
     r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--", "../gateway"], capture_output=True, text=True,
-                           cwd=Path(__file__).parent).stdout.strip()
-    return r.stdout.strip() + ("+dirty-gateway" if dirty else "")
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "../gateway", "../pdserve"],
+                           capture_output=True, text=True, cwd=Path(__file__).parent).stdout.split()
+    return r.stdout.strip() + "".join(sorted({"+dirty-" + f.split("/")[0] for f in dirty if "/" in f}))
 
 
 if __name__ == "__main__":
