@@ -22,9 +22,9 @@ class FakeStack(Stack):
     """pdserve.launch.Stack whose workers are bench/fake_workers.py (tokens every interval_ms)."""
 
     def __init__(self, interval_ms: float = 20.0, model: str | None = None, echo: bool = False,
-                 gateway_args: list[str] | None = None, slots: int = 1) -> None:
+                 gateway_args: list[str] | None = None, slots: int = 1, emit_log: str | None = None) -> None:
         super().__init__(model=model, gateway_args=gateway_args, echo=echo)
-        self.interval_ms, self.slots = interval_ms, slots
+        self.interval_ms, self.slots, self.emit_log = interval_ms, slots, emit_log
 
     def _spawn_workers(self) -> dict[str, Proc]:
         return {role: self._spawn_fake(role) for role in ("prefill", "decode")}
@@ -33,6 +33,8 @@ class FakeStack(Stack):
         port = free_port()
         cmd = [sys.executable, "-u", str(FAKE), "--role", role, "--port", str(port),
                "--interval-ms", str(self.interval_ms), "--slots", str(self.slots)]
+        if self.emit_log and role == "decode":
+            cmd += ["--emit-log", self.emit_log]
         popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                  env=dict(os.environ, PYTHONUNBUFFERED="1"), cwd=ROOT)
         proc = Proc(f"fake-{role}", f"127.0.0.1:{port}", popen)

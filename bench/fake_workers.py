@@ -7,7 +7,9 @@ With --slots N > 1 the streams are spread over N phases (stream i gets its token
 k of a clock of period interval / N with k % N == i % N), as with N staggered decode batches.
 
 Token ids encode the tick: a token sent at tick k (due at k * period on the monotonic clock) has
-id k % vocab-size, so a client on the same host can tell how late each token arrived.
+id k % vocab-size. With --emit-log PATH the decode worker also appends, when a stream ends, one
+line `request_id t1 t2 ...`: the monotonic time (seconds) at which it handed each decode token to
+gRPC, so a client on the same host can tell how long each token took to reach it.
 
     python bench/fake_workers.py --role decode --port 50053 --interval-ms 20
 """
@@ -18,6 +20,7 @@ import argparse
 import asyncio
 import math
 import time
+from typing import TextIO
 
 from pdserve import serving
 from pdserve.proto import kv_pb2, worker_pb2, worker_pb2_grpc
@@ -78,9 +81,10 @@ class FakePrefill(worker_pb2_grpc.PrefillWorkerServicer):
 class FakeDecode(worker_pb2_grpc.DecodeWorkerServicer):
     """Streams max_tokens - 1 tokens (the prefill worker sent the first), one per clock tick."""
 
-    def __init__(self, clock: Clock, vocab: int, block_size: int = 16) -> None:
+    def __init__(self, clock: Clock, vocab: int, block_size: int = 16, emit_log: TextIO | None = None) -> None:
         self.clock, self.vocab, self.block_size = clock, vocab, block_size
         self.running = 0
+        self.emit_log = emit_log
 
     async def Reserve(self, request, context) -> worker_pb2.KvTarget:
         n = -(-request.num_tokens // self.block_size)
@@ -90,24 +94,29 @@ class FakeDecode(worker_pb2_grpc.DecodeWorkerServicer):
                                    num_tokens=request.num_tokens)
 
     async def Decode(self, request, context):
-        async for batch in self._stream(request.sampling.max_tokens - 1):
+        async for batch in self._stream(request.request_id, request.sampling.max_tokens - 1):
             yield batch
 
     async def Generate(self, request, context):
-        async for batch in self._stream(request.sampling.max_tokens):
+        async for batch in self._stream(request.request_id, request.sampling.max_tokens):
             yield batch
 
-    async def _stream(self, count: int):
+    async def _stream(self, rid: str, count: int):
         q = self.clock.subscribe()
         self.running += 1
+        emitted: list[float] = []
         try:
             for i in range(count):
                 tick = await q.get()
                 finish = LENGTH if i == count - 1 else worker_pb2.WORKER_FINISH_NONE
-                yield worker_pb2.TokenBatch(token_ids=[tick % self.vocab], finish=finish)
+                batch = worker_pb2.TokenBatch(token_ids=[tick % self.vocab], finish=finish)
+                emitted.append(time.monotonic())
+                yield batch
         finally:
             self.clock.subscribers.pop(q, None)
             self.running -= 1
+            if self.emit_log is not None and emitted:
+                self.emit_log.write(rid + " " + " ".join(f"{t:.6f}" for t in emitted) + "\n")
 
     async def Abort(self, request, context) -> worker_pb2.AbortResponse:
         return worker_pb2.AbortResponse(found=False)
@@ -124,7 +133,9 @@ async def amain(args: argparse.Namespace) -> None:
         worker_pb2_grpc.add_PrefillWorkerServicer_to_server(FakePrefill(clock, args.vocab_size), server)
         names = ["pdserve.v1.PrefillWorker"]
     else:
-        worker_pb2_grpc.add_DecodeWorkerServicer_to_server(FakeDecode(clock, args.vocab_size), server)
+        emit_log = open(args.emit_log, "a", buffering=1) if args.emit_log else None  # noqa: SIM115
+        worker_pb2_grpc.add_DecodeWorkerServicer_to_server(FakeDecode(clock, args.vocab_size, emit_log=emit_log),
+                                                           server)
         names = ["pdserve.v1.DecodeWorker"]
     health = serving.add_health(server, names)
     await serving.serve(server, f"{args.host}:{args.port}", health, names, drain_seconds=1.0)
@@ -138,6 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--interval-ms", type=float, default=20.0, help="decode emits one token per stream per tick")
     p.add_argument("--slots", type=int, default=1, help="spread streams over this many tick phases")
     p.add_argument("--vocab-size", type=int, default=49152)
+    p.add_argument("--emit-log", default=None, help="decode: append `request_id t1 t2 ...` per finished stream")
     args = p.parse_args(argv)
     asyncio.run(amain(args))
 

@@ -1,23 +1,28 @@
-"""How much latency the gateway adds to each token: fake workers that emit a token per stream every
---interval-ms, the real gateway in front, `pdserve bench`'s engine as the client (all on this host).
+"""How much latency the gateway adds to each token: fake workers (processes) whose decode emits a
+token per stream every --interval-ms, the real gateway (a process) in front, `pdserve bench`'s
+engine as the client (this process), all on this host.
 
-Two measures per run, over the decode tokens of every stream:
-- ITL minus the fake engine's interval (what the issue names; a constant delay cancels out in it);
-- lateness: arrival time minus the tick the token was due at (the fake encodes the tick in the token
-  id), i.e. the whole fake-worker -> gateway -> client path. The same client talking to the fake
-  decode worker directly (no gateway) is the baseline; the gateway's share is the difference.
+The measure, per decode token: the monotonic time the client saw it minus the monotonic time the
+fake decode worker handed it to gRPC (the fake logs those times per request id, bench/fake_workers.py
+--emit-log; the client reads the gateway's request id from the Complete message). CLOCK_MONOTONIC is
+one clock for every process of the host. Percentiles are taken over these per-token delays, in the
+steady state (every stream started, none finished). The delay includes the fake worker's own send
+and the client's own receive, so it is an upper bound on what the gateway adds; the same client
+calling the fake workers directly (no gateway) measures those two alone (the `direct` baseline).
 
-    python bench/gateway_overhead.py --streams 500 --errors-at 1000 --interval-ms 50
+    python bench/gateway_overhead.py --streams 500 --errors-at 1000 --interval-ms 250
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import asyncio
+import json
 import math
 import os
+import platform
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -37,66 +42,56 @@ from pdserve.client import AsyncClient, build_request  # noqa: E402
 from pdserve.proto import worker_pb2, worker_pb2_grpc  # noqa: E402
 from pdserve.serving import GRPC_OPTIONS  # noqa: E402
 
-VOCAB = 49152  # fake_workers' default: token id = tick % VOCAB
-
 
 class Timed:
-    """Shared bookkeeping: ITL as `pdserve bench` measures it, plus the lateness of each decode token."""
+    """Per request: the arrival time of every token (a chunk of k tokens arrives k times at once)."""
 
-    def __init__(self, interval: float, slots: int = 1) -> None:
-        self.interval, self.period = interval, interval / slots  # token ids count ticks of period
-        self.lateness: list[tuple[float, float]] = []  # (arrival, seconds late)
-        self.spans: list[tuple[float, float]] = []  # (first token arrival, end) per stream
-        self.gaps: list[tuple[float, float]] = []  # (arrival, gap) between two decode tokens
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self.arrivals: dict[str, list[float]] = {}  # request id -> arrival of token 0, 1, ...
+        self.messages = 0  # messages with tokens (fewer than tokens when the gateway merges them)
 
     def reset(self) -> None:
-        self.lateness, self.spans, self.gaps = [], [], []
+        self.arrivals, self.messages = {}, 0
 
-    def late(self, arrival: float, token: int) -> float:
-        base = math.floor(arrival / self.period)
-        k = base - ((base - token) % VOCAB)
-        return arrival - k * self.period
-
-    def chunk(self, out: RequestOutput, ids: list[int], now: float, last: float) -> None:
-        if out.ttft == 0.0:
+    def got(self, out: RequestOutput, seen: list[float], n: int, now: float) -> None:
+        if not seen:
             out.ttft = now - out.start
         else:
-            if out.itl:
-                self.gaps.append((now, now - last))
-            out.itl.append(now - last)
-            self.lateness.append((now, self.late(now, ids[-1])))
+            out.itl.append(now - seen[-1])
+        seen.extend([now] * n)
+        self.messages += 1
 
-    def done(self, out: RequestOutput, n: int) -> RequestOutput:
+    def done(self, out: RequestOutput, rid: str, seen: list[float]) -> RequestOutput:
         out.latency = time.monotonic() - out.start
-        out.output_len, out.success = n, n > 0
-        self.spans.append((out.start + out.ttft, out.start + out.latency))
+        out.output_len, out.success = len(seen), bool(seen)
+        self.arrivals[rid] = seen
         return out
 
 
 class ViaGateway(Timed):
     """The client as `pdserve bench` runs it, through the real gateway."""
 
-    def __init__(self, address: str, interval: float, slots: int = 1) -> None:
-        super().__init__(interval, slots)
+    def __init__(self, address: str, interval: float) -> None:
+        super().__init__(interval)
         self.client = AsyncClient(address)
 
     async def send(self, req: BenchRequest) -> RequestOutput:
-        out, n = RequestOutput(prompt_len=req.prompt_len), 0
-        out.start = last = time.monotonic()
+        out, seen, rid = RequestOutput(prompt_len=req.prompt_len), [], ""
+        out.start = time.monotonic()
         request = build_request(token_ids=req.prompt_ids, max_tokens=req.output_len, temperature=0.0, ignore_eos=True)
         try:
             async for msg in self.client.stream(request):
                 now = time.monotonic()
                 if msg.HasField("chunk") and msg.chunk.token_ids:
-                    self.chunk(out, list(msg.chunk.token_ids), now, last)
-                    n, last = n + len(msg.chunk.token_ids), now
+                    self.got(out, seen, len(msg.chunk.token_ids), now)
+                elif msg.HasField("complete"):
+                    rid = msg.complete.request_id
         except grpc.aio.AioRpcError as e:
-            out.error = f"{e.code().name}: {e.details()}"
+            out.error = f"{e.code().name}: {e.details()} ({e.debug_error_string()})"
+            out.latency, out.output_len = time.monotonic() - out.start, len(seen)
             return out
-        return self.done(out, n)
-
-    async def max_model_len(self) -> int | None:
-        return None
+        return self.done(out, rid, seen)
 
     async def close(self) -> None:
         await self.client.close()
@@ -105,122 +100,195 @@ class ViaGateway(Timed):
 class Direct(Timed):
     """Baseline: the same client does the gateway's Reserve, Prefill, Decode calls itself."""
 
-    def __init__(self, prefill: str, decode: str, interval: float, slots: int = 1) -> None:
-        super().__init__(interval, slots)
+    def __init__(self, prefill: str, decode: str, interval: float) -> None:
+        super().__init__(interval)
         self.channels = [grpc.aio.insecure_channel(a, options=GRPC_OPTIONS) for a in (prefill, decode)]
         self.prefill = worker_pb2_grpc.PrefillWorkerStub(self.channels[0])
         self.decode = worker_pb2_grpc.DecodeWorkerStub(self.channels[1])
 
     async def send(self, req: BenchRequest) -> RequestOutput:
-        out, rid = RequestOutput(prompt_len=req.prompt_len), uuid.uuid4().hex
+        out, rid, seen = RequestOutput(prompt_len=req.prompt_len), uuid.uuid4().hex, []
         sampling = worker_pb2.WorkerSampling(max_tokens=req.output_len, ignore_eos=True, top_p=1.0, top_k=-1)
         out.start = time.monotonic()
         try:
             target = await self.decode.Reserve(worker_pb2.ReserveRequest(request_id=rid, num_tokens=req.prompt_len))
             first = await self.prefill.Prefill(worker_pb2.PrefillRequest(
                 request_id=rid, prompt_token_ids=req.prompt_ids, sampling=sampling, target=target))
-            last = time.monotonic()
-            self.chunk(out, [first.first_token], last, last)
-            n = 1
+            self.got(out, seen, 1, time.monotonic())
             async for batch in self.decode.Decode(worker_pb2.DecodeRequest(
                     request_id=rid, prompt_token_ids=req.prompt_ids, first_token=first.first_token, sampling=sampling)):
-                now = time.monotonic()
-                self.chunk(out, list(batch.token_ids), now, last)
-                n, last = n + len(batch.token_ids), now
+                self.got(out, seen, len(batch.token_ids), time.monotonic())
         except grpc.aio.AioRpcError as e:
-            out.error = f"{e.code().name}: {e.details()}"
+            out.error = f"{e.code().name}: {e.details()} ({e.debug_error_string()})"
+            out.latency, out.output_len = time.monotonic() - out.start, len(seen)
             return out
-        return self.done(out, n)
-
-    async def max_model_len(self) -> int | None:
-        return None
+        return self.done(out, rid, seen)
 
     async def close(self) -> None:
         for ch in self.channels:
             await ch.close()
 
 
-def _pct(xs: list[float]) -> dict[str, float]:
-    """median / p90 / p99 / mean in milliseconds."""
-    a = np.asarray(xs or [0.0]) * 1000.0
-    return {"median": float(np.median(a)), "p90": float(np.percentile(a, 90)),
-            "p99": float(np.percentile(a, 99)), "mean": float(a.mean()), "count": len(xs)}
+def _pct(xs: list[float] | np.ndarray) -> dict[str, float]:
+    """median / p90 / p99 / max / mean in milliseconds of the values xs (seconds)."""
+    a = np.asarray(xs if len(xs) else [math.nan], dtype=float) * 1000.0
+    return {"median": float(np.median(a)), "p90": float(np.percentile(a, 90)), "p99": float(np.percentile(a, 99)),
+            "max": float(a.max()), "mean": float(a.mean()), "count": len(xs)}
 
 
-async def measure(backend: Timed, streams: int, output_len: int, input_len: int) -> dict[str, Any]:
-    """streams concurrent requests started at once; ITL and lateness statistics (ms) and errors."""
+async def read_emits(path: Path, rids: set[str], wait_s: float = 10.0) -> dict[str, list[float]]:
+    """The fake decode worker's emit times of rids (it logs a stream when the stream ends)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        emits = {}
+        for line in path.read_text().splitlines():
+            rid, *times = line.split()
+            if rid in rids:
+                emits[rid] = [float(t) for t in times]
+        if len(emits) == len(rids) or time.monotonic() > deadline:
+            return emits
+        await asyncio.sleep(0.1)
+
+
+def delays(arrivals: dict[str, list[float]], emits: dict[str, list[float]]) -> tuple[np.ndarray, np.ndarray]:
+    """(emit time, arrival - emit) of every decode token (token i + 1 of a stream is decode token i)."""
+    pairs = [(e, a - e) for rid, seen in arrivals.items() for e, a in zip(emits.get(rid, []), seen[1:])]
+    arr = np.asarray(pairs or [(0.0, 0.0)], dtype=float)
+    return (arr[:, 0], arr[:, 1]) if pairs else (np.zeros(0), np.zeros(0))
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def measure(backend: Timed, streams: int, output_len: int, input_len: int, emit_log: Path,
+                  pids: dict[str, int]) -> dict[str, Any]:
+    """streams concurrent requests started at once; per-token delay statistics (ms), errors, and the CPU
+    time per token of each process in pids (name -> pid) over the run."""
     reqs = datasets.random_requests(streams, input_len, output_len, 0.0, 32000, seed=streams)
     warm = datasets.random_requests(20, input_len, 5, 0.0, 32000, seed=1)
     await run(backend, warm, RunConfig(math.inf, progress=False))  # type: ignore[arg-type]
     backend.reset()
+    load0, cpu0 = os.getloadavg()[0], {name: cpu_seconds(pid) for name, pid in pids.items()}
     res = await run(backend, reqs, RunConfig(math.inf, max_concurrency=streams, progress=False))  # type: ignore[arg-type]
+    cpu = {name: cpu_seconds(pid) - cpu0[name] for name, pid in pids.items()}
     await backend.close()
     ok = [o for o in res.outputs if o.success]
-    # steady state: every stream has its first token and none has finished
-    lo = max((s for s, _ in backend.spans), default=0.0)
-    hi = min((e for _, e in backend.spans), default=0.0)
-    steady = [d for t, d in backend.lateness if lo <= t <= hi]
-    steady_gaps = [g - backend.interval for t, g in backend.gaps if lo <= t <= hi]
+    emits = await read_emits(emit_log, set(backend.arrivals))
+    when, delay = delays(backend.arrivals, emits)
+    # steady state: every stream has its first decode token and none has had its last
+    firsts = [e[0] for e in emits.values() if e]
+    lasts = [e[-1] for e in emits.values() if e]
+    lo, hi = (max(firsts), min(lasts)) if firsts else (0.0, 0.0)
+    steady = delay[(when >= lo) & (when <= hi)]
+    gaps = [g - backend.interval for o in ok for g in o.itl[1:]]
     errors = [o.error for o in res.outputs if not o.success]
     return {
         "streams": streams, "output_len": output_len, "completed": len(ok), "errors": len(errors),
         "error_samples": sorted(set(errors))[:5], "duration_s": res.metrics["duration"],
+        "failed_after_s": sorted(round(o.latency, 2) for o in res.outputs if not o.success)[:: max(1, len(errors) // 10)],
+        "failed_tokens_seen": sorted(o.output_len for o in res.outputs if not o.success)[:: max(1, len(errors) // 10)],
         "tokens_per_s": res.metrics["output_throughput"],
+        "cpu_us_per_token": {name: round(1e6 * c / max(1, res.metrics["output_throughput"] * res.metrics["duration"]), 1)
+                             for name, c in cpu.items()},
+        "tokens_per_message": sum(len(a) for a in backend.arrivals.values()) / max(1, backend.messages), "load_avg_1m": [load0, os.getloadavg()[0]],
+        "streams_with_emit_log": len(emits), "steady_window_s": max(0.0, hi - lo),
         "ttft_ms": _pct([o.ttft for o in ok]),
-        "itl_minus_interval_ms": _pct([g - backend.interval for o in ok for g in o.itl]),
-        "itl_minus_interval_steady_ms": _pct(steady_gaps),
-        "lateness_ms": _pct([d for _, d in backend.lateness]),
-        "lateness_steady_ms": _pct(steady), "steady_window_s": max(0.0, hi - lo),
+        "token_delay_ms": _pct(delay), "token_delay_steady_ms": _pct(steady),
+        "itl_minus_interval_ms": _pct(gaps),
     }
 
 
-async def experiment(args: argparse.Namespace, stack: FakeStack) -> dict[str, Any]:
+async def experiment(args: argparse.Namespace, stack: FakeStack, emit_log: Path) -> dict[str, Any]:
     """Baseline (direct) and gateway runs at --streams, then the gateway at --errors-at."""
     interval = args.interval_ms / 1000.0
     w = stack.workers
-    direct = await measure(Direct(w["fake-prefill"], w["fake-decode"], interval, args.slots), args.streams,
-                           args.output_len, args.input_len)
-    gateway = await measure(ViaGateway(stack.gateway, interval, args.slots), args.streams, args.output_len, args.input_len)
-    big = (await measure(ViaGateway(stack.gateway, interval, args.slots), args.errors_at, args.output_len, args.input_len)
-           if args.errors_at else {"errors": None})
-    added = {k: gateway["lateness_steady_ms"][k] - direct["lateness_steady_ms"][k] for k in ("median", "p99")}
-    return {"direct": direct, "gateway": gateway, f"gateway_{args.errors_at}": big,
-            "gateway_added_per_token_ms": {
-                "itl_minus_interval_steady": {k: gateway["itl_minus_interval_steady_ms"][k] for k in ("median", "p99")},
-                "lateness_vs_direct": added},
-            "target": {"median_ms": 1.0, "p99_ms": 5.0, "errors_at": args.errors_at},
-            "met": {"median": max(added["median"], gateway["itl_minus_interval_steady_ms"]["median"]) <= 1.0,
-                    "p99": max(added["p99"], gateway["itl_minus_interval_steady_ms"]["p99"]) <= 5.0,
-                    "no_errors": big["errors"] == 0 if args.errors_at else None}}
+    pids = {name: proc.popen.pid for name, proc in stack.procs.items()} | {"client": os.getpid()}
+    out: dict[str, Any] = {}
+    if not args.no_direct:
+        out["direct"] = await measure(Direct(w["fake-prefill"], w["fake-decode"], interval), args.streams,
+                                      args.output_len, args.input_len, emit_log, pids)
+    gw = await measure(ViaGateway(stack.gateway, interval), args.streams, args.output_len, args.input_len, emit_log, pids)
+    out["gateway"] = gw
+    if args.errors_at:
+        out[f"gateway_{args.errors_at}"] = await measure(ViaGateway(stack.gateway, interval), args.errors_at,
+                                                         args.output_len, args.input_len, emit_log, pids)
+    steady = gw["token_delay_steady_ms"]
+    out["gateway_added_per_token_ms"] = {
+        "upper_bound": {k: steady[k] for k in ("median", "p99")},
+        "minus_direct_median": (steady["median"] - out["direct"]["token_delay_steady_ms"]["median"]
+                                if "direct" in out else None)}
+    big = out.get(f"gateway_{args.errors_at}", {})
+    out["met"] = {"median": steady["median"] <= 1.0, "p99": steady["p99"] <= 5.0,
+                  "no_errors": big.get("errors") == 0 if args.errors_at else None,
+                  "streams_complete": gw["completed"] == args.streams}
+    return out
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description="gateway per-token overhead against fake workers (CPU)")
     p.add_argument("--streams", type=int, default=500)
     p.add_argument("--errors-at", type=int, default=1000)
-    p.add_argument("--interval-ms", type=float, default=50.0)
+    p.add_argument("--interval-ms", type=float, default=250.0)
     p.add_argument("--slots", type=int, default=1, help="fake decode: spread streams over N tick phases")
-    p.add_argument("--output-len", type=int, default=200)
+    p.add_argument("--output-len", type=int, default=48)
     p.add_argument("--input-len", type=int, default=64)
-    p.add_argument("--out", default=None, help="default bench/results/gateway-overhead-cpu-<date>.json")
+    p.add_argument("--no-direct", action="store_true", help="skip the direct (no gateway) baseline")
+    p.add_argument("--label", default="", help="a note stored with the run")
+    p.add_argument("--out", default=None, help="default bench/results/gateway-overhead-cpu-<date>.json; runs append")
     args = p.parse_args()
-    with FakeStack(interval_ms=args.interval_ms, slots=args.slots) as stack:
-        doc = asyncio.run(experiment(args, stack))
-        doc["log_tails"] = {name: proc.lines[-10:] for name, proc in stack.procs.items()}
-    head = {"date": time.strftime("%Y-%m-%d"), "commit": _commit(), "cpus": os.cpu_count(),
-            "interval_ms": args.interval_ms, "slots": args.slots, "streams": args.streams, "note": "CPU-only: fake workers, real gateway and client share this host"}
-    doc = {**head, **doc}
-    out = Path(args.out or Path(__file__).parent / "results" / f"gateway-overhead-cpu-{head['date']}.json")
-    report.save_json(out, doc)
-    print(json.dumps({k: doc[k] for k in ("gateway_added_per_token_ms", "met")}, indent=1))
+    with tempfile.TemporaryDirectory() as tmp:
+        emit_log = Path(tmp) / "emits.txt"
+        emit_log.touch()
+        with FakeStack(interval_ms=args.interval_ms, slots=args.slots, emit_log=str(emit_log)) as stack:
+            doc = asyncio.run(experiment(args, stack, emit_log))
+            doc["log_tails"] = {name: proc.lines[-10:] for name, proc in stack.procs.items()}
+    date = time.strftime("%Y-%m-%d", time.gmtime())
+    head = {"date": date, "time_utc": time.strftime("%H:%M:%S", time.gmtime()), "commit": _commit(),
+            "machine": _machine(), "command": "python " + " ".join(sys.argv), "label": args.label,
+            "interval_ms": args.interval_ms, "slots": args.slots, "streams": args.streams,
+            "offered_tokens_per_s": args.streams * 1000.0 / args.interval_ms}
+    run_doc = {**head, **doc}
+    out = Path(args.out or Path(__file__).parent / "results" / f"gateway-overhead-cpu-{date}.json")
+    report.save_json(out, _append(out, run_doc))
+    print(json.dumps({k: run_doc[k] for k in ("gateway_added_per_token_ms", "met")}, indent=1))
+    for name in ("direct", "gateway", f"gateway_{args.errors_at}"):
+        if name in run_doc:
+            r = run_doc[name]
+            print(name, {k: round(r["token_delay_steady_ms"][k], 3) for k in ("median", "p90", "p99", "max", "count")},
+                  "cpu us/token", r["cpu_us_per_token"],
+                  "errors", r["errors"], r["error_samples"], "tok/s", round(r["tokens_per_s"]))
     print(f"saved {out}")
+
+
+METHOD = __doc__.split("\n\n")[1]
+
+
+def _append(path: Path, run_doc: dict[str, Any]) -> dict[str, Any]:
+    doc = json.loads(path.read_text()) if path.exists() else {}
+    if "runs" not in doc:
+        doc = {"method": METHOD, "target": {"median_ms": 1.0, "p99_ms": 5.0, "streams": 500, "no_errors_at": 1000},
+               "runs": []}
+    doc["runs"].append(run_doc)
+    return doc
+
+
+def _machine() -> dict[str, Any]:
+    model = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                  if ln.startswith("model name")), platform.processor())
+    return {"cpus": os.cpu_count(), "cpu": model, "python": platform.python_version(), "host": platform.node(),
+            "note": "2 cores shared with other engineers' jobs; fake workers, gateway and client share them"}
 
 
 def _commit() -> str:
     import subprocess
 
     r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent)
-    return r.stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "../gateway", "../pdserve"],
+                           capture_output=True, text=True, cwd=Path(__file__).parent).stdout.split()
+    return r.stdout.strip() + "".join(sorted({"+dirty-" + f.split("/")[0] for f in dirty if "/" in f}))
 
 
 if __name__ == "__main__":

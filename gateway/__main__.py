@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import sys
 
@@ -77,6 +78,11 @@ async def amain(args: argparse.Namespace) -> None:
     async def on_start() -> None:
         if args.http_port is not None:
             await http.start(args.host, args.http_port)
+        # Everything built so far (transformers, the tokenizer, torch: ~300k objects) lives until
+        # exit; frozen, full collections stop walking it (a py-spy profile at 500 streams had the
+        # collector at ~11% of the gateway's samples before, ~7% after).
+        gc.collect()
+        gc.freeze()
 
     async def drain() -> None:
         if not await generation.admission.drain(args.drain_timeout):

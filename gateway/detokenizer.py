@@ -6,7 +6,9 @@ drop or add a leading space depending on what comes before. So, like vLLM and TG
 two offsets into the token list: text is decoded over a short window that starts at
 `prefix_offset` (tokens whose text was already emitted, giving context) and the delta is
 what decoding `tokens[prefix_offset:]` adds beyond decoding `tokens[prefix_offset:read_offset]`.
-Each step costs O(window), never O(sequence length).
+Each step costs O(window), never O(sequence length). With a fast (Rust-backed) tokenizer the
+window is decoded by the Rust tokenizer directly, skipping transformers' Python wrapper (the same
+text: transformers' fast `decode` calls it and, with cleanup off, returns its result unchanged).
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ class IncrementalDetokenizer:
     ) -> None:
         self._tok = tokenizer
         self._skip_special = skip_special_tokens
+        backend = getattr(tokenizer, "backend_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
+        self._backend_decode = backend.decode if backend is not None else None
         # Only the tail of the prompt is ever decoded again, so keep only the tail.
         self._ids: list[int] = list(prompt_ids)[-_PROMPT_CONTEXT_TOKENS:]
         self._prefix_offset = 0
@@ -67,6 +71,8 @@ class IncrementalDetokenizer:
         return self._step(force=True)
 
     def _decode(self, ids: list[int]) -> str:
+        if self._backend_decode is not None:
+            return self._backend_decode(ids, skip_special_tokens=self._skip_special)
         # Cleanup of tokenization spaces rewrites text around punctuation after the fact,
         # which would change text already sent; it must stay off for streaming.
         return self._tok.decode(

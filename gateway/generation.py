@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import grpc
 
 from gateway import flow
-from gateway.admission import Admission, Ticket
+from gateway.admission import Admission
 from gateway.deadline import Deadline
 from gateway.detokenizer import IncrementalDetokenizer
 from gateway.errors import GatewayError
@@ -65,8 +65,8 @@ class TextAssembler:
         self.stops = StopChecker(params.stop)
         self.generated, self.finish, self.matched = 0, "abort", None
 
-    def feed(self, ids: list[int], why: str | None) -> tuple[gateway_pb2.Chunk, bool]:
-        """The chunk for ids (why: the worker's finish reason or None) and whether it ends the stream."""
+    def feed(self, ids: list[int], why: str | None) -> tuple[gateway_pb2.GenerateResponse, bool]:
+        """The chunk message for ids (why: the worker's finish reason or None) and whether it ends the stream."""
         self.generated += len(ids)
         text_ids = ids[:-1] if why == "stop" else ids  # no text for EOS / stop tokens
         text, self.matched = self.stops.feed(self.detok.add(text_ids))
@@ -77,7 +77,11 @@ class TextAssembler:
             self.finish = "stop"
         elif why is not None:
             self.finish = why
-        return gateway_pb2.Chunk(token_ids=ids, text=text), self.matched is not None or why is not None
+        resp = gateway_pb2.GenerateResponse()  # filled in place: no Chunk built and then copied
+        chunk = resp.chunk
+        chunk.token_ids.extend(ids)
+        chunk.text = text
+        return resp, self.matched is not None or why is not None
 
     def complete(self, rid: str, prompt_tokens: int) -> gateway_pb2.Complete:
         done = gateway_pb2.Complete(finish_reason=FINISH[self.finish], request_id=rid,
@@ -140,26 +144,20 @@ class Generation:
         with self.admission.enter() as ticket:
             job = flow.Job(rid, prompt, sampling_to_wire(params), self._first_finishes(prompt, params))
             text = TextAssembler(self.tokenizer, prompt, params)
-            async with contextlib.aclosing(self._chunks(job, text, ticket, deadline)) as chunks:
-                async for chunk in chunks:
-                    yield gateway_pb2.GenerateResponse(chunk=chunk)
+            try:
+                async with contextlib.aclosing(flow.run(job, self.router, deadline)) as tokens:
+                    async for ids, why in tokens:
+                        ticket.started()
+                        resp, done = text.feed(ids, why)
+                        yield resp
+                        if done:
+                            break
+            except grpc.aio.AioRpcError as e:
+                code = e.code() if e.code() in PASSED_ON else grpc.StatusCode.UNAVAILABLE
+                raise GatewayError(code, f"worker error: {e.details()}") from None
+            except NoWorker as e:
+                raise GatewayError(grpc.StatusCode.UNAVAILABLE, str(e)) from None
             yield gateway_pb2.GenerateResponse(complete=text.complete(rid, len(prompt)))
-
-    async def _chunks(self, job: flow.Job, text: TextAssembler, ticket: Ticket,
-                      deadline: Deadline) -> AsyncIterator[gateway_pb2.Chunk]:
-        try:
-            async with contextlib.aclosing(flow.run(job, self.router, deadline)) as tokens:
-                async for ids, why in tokens:
-                    ticket.started()
-                    chunk, done = text.feed(ids, why)
-                    yield chunk
-                    if done:
-                        return
-        except grpc.aio.AioRpcError as e:
-            code = e.code() if e.code() in PASSED_ON else grpc.StatusCode.UNAVAILABLE
-            raise GatewayError(code, f"worker error: {e.details()}") from None
-        except NoWorker as e:
-            raise GatewayError(grpc.StatusCode.UNAVAILABLE, str(e)) from None
 
     def _first_finishes(self, prompt: list[int], params: SamplingParams):
         def check(token: int) -> str | None:

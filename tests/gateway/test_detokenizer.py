@@ -50,6 +50,16 @@ def test_deltas_concatenate_to_full_decode(tok: Any, chat_prompt: list[int], tex
     assert not any("\ufffd" in d for d in deltas)
 
 
+@pytest.mark.parametrize("text", SAMPLES)
+def test_rust_decode_path_gives_the_same_deltas(tok: Any, chat_prompt: list[int], text: str) -> None:
+    ids = tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
+    fast = IncrementalDetokenizer(tok, chat_prompt)
+    slow = IncrementalDetokenizer(tok, chat_prompt)
+    slow._backend_decode = None  # through transformers' decode, as before the shortcut
+    assert fast._backend_decode is not None  # the default model's tokenizer is a fast one
+    assert _stream(fast, ids) == _stream(slow, ids)
+
+
 def test_samples_really_split_characters(tok: Any) -> None:
     # Guards the test above: without tokens that hold partial characters it proves nothing.
     ids = tok.encode(SAMPLES[2], add_special_tokens=False)
@@ -82,14 +92,14 @@ def test_cost_per_token_is_bounded(tok: Any, chat_prompt: list[int], monkeypatch
     ids = tok.encode(" ".join(SAMPLES) * 6, add_special_tokens=False)
     assert len(ids) > 500
     sizes: list[int] = []
-    real = tok.decode
-
-    def spy(token_ids: Any, **kw: Any) -> str:
-        sizes.append(len(token_ids))
-        return real(token_ids, **kw)
-
-    monkeypatch.setattr(tok, "decode", spy)
     detok = IncrementalDetokenizer(tok, chat_prompt * 20)
+    real = detok._decode
+
+    def spy(token_ids: list[int]) -> str:
+        sizes.append(len(token_ids))
+        return real(token_ids)
+
+    monkeypatch.setattr(detok, "_decode", spy)
     out = "".join(_stream(detok, ids))
     monkeypatch.undo()
     assert out == tok.decode(ids)
