@@ -43,7 +43,10 @@ async def amain(args: argparse.Namespace) -> None:
     worker_pb2_grpc.add_DecodeWorkerServicer_to_server(servicer, server)
     from pdserve.metrics import serve_worker
 
-    serve_worker(args.metrics_port, loop, lambda: engine.num_reserved, host=args.host)
+    from decode_service.kv_metrics import ReceivedKvCollector
+
+    metrics = serve_worker(args.metrics_port, loop, lambda: engine.num_reserved, host=args.host)
+    metrics.registry.register(ReceivedKvCollector(engine))
     if hasattr(receiver, "add_to_server"):  # tcp, cuda_ipc: the KvTransfer service
         receiver.add_to_server(server)
     names = ["pdserve.v1.DecodeWorker", "pdserve.v1.KvTransfer"]
