@@ -108,3 +108,34 @@ def test_eviction_under_small_pools_keeps_tokens(stack, offline_runner):
     assert ids_c == alone(offline_runner, c, 4)
     assert ids_e == alone(offline_runner, e, 5)
     assert_no_leaks(stack)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["cuda_ipc", "tcp"])
+def test_gpu_backends_transfer_only_the_tail(tmp_path, backend):
+    """The same contract over a GPU pool: both workers on one GPU, KV over cuda_ipc or tcp."""
+    import torch
+    from model.hf_tiny import build_tiny
+
+    from pdserve.model.spec import ModelSpec
+    from pdserve.runtime.runner import ModelRunner
+    from pdtest.tiny import word_tokenizer
+
+    folder = build_tiny("llama3_rope", tmp_path / "m")
+    spec = ModelSpec.from_dir(folder)
+    word_tokenizer(folder, spec.vocab_size)
+    runner = ModelRunner(spec, folder, device="cuda", dtype=torch.float32, num_blocks=64, block_size=BS)
+    rng = random.Random(13)
+    prefix = [rng.randrange(3, spec.vocab_size) for _ in range(100)]
+    a, b = prefix + [5, 6, 7], prefix + [8, 9, 10, 11, 12]
+    worker = ["--device", "cuda", "--dtype", "float32", "--num-blocks", "64", "--max-model-len", "256",
+              "--kv-transfer", backend, "--max-num-batched-tokens", "32"]
+    with Stack(model=str(folder), worker_args=worker, gateway_args=["--max-model-len", "256"]) as st:
+        bb, meter = block_bytes(st), Meter(st)
+        ids_a, (dh, _, nb, nbytes) = meter.generate(a, 8)
+        assert (dh, nb, nbytes) == (0, blocks(len(a)), blocks(len(a)) * bb)
+        ids_b, (dh, ph, nb, nbytes) = meter.generate(b, 8)
+        assert dh == ph == 96
+        assert (nb, nbytes) == (blocks(len(b)) - 6, (blocks(len(b)) - 6) * bb)
+        assert ids_a == alone(runner, a, 8) and ids_b == alone(runner, b, 8)
+        assert_no_leaks(st)
