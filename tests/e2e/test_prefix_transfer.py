@@ -10,12 +10,13 @@ several steps. Every test ends with the leak check: evictable cached blocks coun
 from __future__ import annotations
 
 import random
+import urllib.request
 
 import pytest
 
 from pdserve.client import Client
 from pdserve.core.sampling import SamplingParams
-from pdserve.launch import Stack
+from pdserve.launch import Stack, free_port
 from pdserve.runtime.offline import generate
 from pdserve.transfer.base import layout_from_proto
 from pdtest.stack import assert_no_leaks, pool_stats
@@ -26,12 +27,13 @@ BS = 16
 WORKER = ["--max-model-len", "512", "--max-num-seqs", "4"]
 PREFILL = ["--num-blocks", "20", "--max-num-batched-tokens", "64"]
 DECODE = ["--num-blocks", "24", "--lease-ms", "5000"]
+METRICS_PORT = free_port()
 
 
 @pytest.fixture(scope="module")
 def stack(default_model_dir):
     with Stack(model=str(default_model_dir), worker_args=WORKER, gateway_args=["--max-model-len", "512"],
-               prefill_args=PREFILL, decode_args=DECODE) as st:
+               prefill_args=PREFILL, decode_args=[*DECODE, "--metrics-port", str(METRICS_PORT)]) as st:
         yield st
 
 
@@ -86,6 +88,10 @@ def test_shared_prefix_is_computed_and_transferred_once(stack, offline_runner):
     assert (nb, nbytes) == (tail, tail * bb) and tail == 2
     assert ids_a == alone(offline_runner, a, 3)
     assert ids_b == alone(offline_runner, b, 6)
+    d = pool_stats(stack.workers["decode"], "decode")
+    text = urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=10).read().decode()
+    assert f"pdserve:kv_received_blocks_total {float(d.kv_received_blocks)}" in text
+    assert f"pdserve:prefix_cache_hits_total {float(d.prefix_cache_hits)}" in text
     assert_no_leaks(stack)
 
 
