@@ -47,7 +47,10 @@ async def amain(args: argparse.Namespace) -> None:
     worker_pb2_grpc.add_DecodeWorkerServicer_to_server(servicer, server)
     from pdserve.metrics import export_otlp, serve_worker
 
+    from decode_service.kv_metrics import ReceivedKvCollector
+
     worker_metrics = serve_worker(args.metrics_port, loop, lambda: engine.num_reserved, host=args.host)
+    worker_metrics.registry.register(ReceivedKvCollector(engine))
     otlp = export_otlp(args.otlp_metrics_endpoint, worker_metrics.registry, SERVICE)
     if hasattr(receiver, "add_to_server"):  # tcp, cuda_ipc: the KvTransfer service
         receiver.add_to_server(server)

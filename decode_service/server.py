@@ -43,8 +43,12 @@ class DecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request_id: empty")
         if not 0 < request.num_tokens <= max_len:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"num_tokens: must be in [1, {max_len}]")
+        prompt = request.prompt_token_ids
+        if prompt and len(prompt) != request.num_tokens:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"prompt_token_ids: {len(prompt)} tokens, num_tokens is {request.num_tokens}")
         try:
-            blocks = self.engine.reserve(request.request_id, request.num_tokens)
+            blocks, cached = self.engine.reserve(request.request_id, request.num_tokens, prompt)
             self.spans.reserved(request.request_id)
         except NoFreeBlocks as e:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"decode KV pool full: {e}")
@@ -53,7 +57,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
         return worker_pb2.KvTarget(
             request_id=request.request_id, block_ids=blocks, layout=layout_to_proto(self.layout),
             backend=self.backend, address=self.kv_address, lease_ms=int(self.engine.lease_s * 1000),
-            num_tokens=request.num_tokens,
+            num_tokens=request.num_tokens, cached_tokens=cached,
         )
 
     async def Renew(self, request: worker_pb2.RenewRequest, context: grpc.aio.ServicerContext) -> worker_pb2.RenewResponse:
@@ -127,7 +131,8 @@ class DecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
                 running=len(sched.running), waiting=len(sched.waiting) + self.engine.num_reserved,
                 queued_tokens=sched.queued_tokens, layout=layout_to_proto(self.layout), model=self.model,
                 max_model_len=sched.cfg.max_model_len, prefix_cache_hits=sched.prefix_hit_tokens,
-                preemptions=sched.preemptions,
+                preemptions=sched.preemptions, kv_received_blocks=self.engine.kv_received_blocks,
+                kv_received_bytes=self.engine.kv_received_bytes,
             )
 
 

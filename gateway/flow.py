@@ -136,7 +136,8 @@ async def _relay(call, worker: Worker, router: Router) -> Tokens:
 async def _reserve(job: Job, router: Router, deadline: Deadline,
                    tried: list[Worker]) -> tuple[Worker, worker_pb2.KvTarget]:
     """A decode worker with room for the prompt: least loaded first, then the others, then wait."""
-    req = worker_pb2.ReserveRequest(request_id=job.request_id, num_tokens=len(job.prompt))
+    req = worker_pb2.ReserveRequest(request_id=job.request_id, num_tokens=len(job.prompt),
+                                   prompt_token_ids=job.prompt)  # for the decode prefix cache
     give_up, pause = time.monotonic() + router.queue_wait_s, 0.02
     while True:
         for decode in await router.choose(lambda: router.ranked(router.decode, tuple(tried))):

@@ -89,7 +89,9 @@ def build(args: argparse.Namespace) -> Built:
         max_model_len=args.max_model_len,
         enable_prefix_caching=args.enable_prefix_caching,
     )
-    sched = Scheduler(cfg, BlockManager(num_blocks, args.block_size))
+    # The layout hash salts the prefix hashes: equal on every worker whose KV is interchangeable.
+    salt = int(runner.layout.compat_hash(), 16)
+    sched = Scheduler(cfg, BlockManager(num_blocks, args.block_size, salt=salt))
     name = args.served_model_name or model_dir.name
     log.info("model %s: %d KV blocks of %d tokens on %s/%s", name, num_blocks, args.block_size, device, dtype)
     return Built(spec, runner, sched, name)

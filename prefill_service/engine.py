@@ -29,6 +29,7 @@ class PrefillEngine:
         self.loop: EngineLoop | None = None
         self._handles: dict[str, SendHandle] = {}
         self._pushing: set[str] = set()  # requests whose first slice was scheduled
+        self._skip: dict[str, int] = {}  # leading blocks the decode side has cached: not sent
 
     def attach(self, loop: EngineLoop) -> None:
         """Use loop; while tracing is on it records prefill.queue / prefill.forward spans."""
@@ -44,11 +45,15 @@ class PrefillEngine:
             handle = self._handles.get(sl.request_id)
             if handle is None:
                 continue
-            # The first slice also ships the prefix-cached blocks: the decode side has none of it.
+            # The first slice also ships the blocks found in this worker's prefix cache, except
+            # those the decode side has cached itself (target block i is prompt block skip + i).
+            skip = self._skip.get(sl.request_id, 0)
             first = sl.start_pos // size if sl.request_id in self._pushing else 0
+            first = max(first, skip)
             self._pushing.add(sl.request_id)
             last = (sl.end_pos - 1) // size
-            pushes.append((handle, sl.block_table[first : last + 1], first))
+            if last >= first:
+                pushes.append((handle, sl.block_table[first : last + 1], first - skip))
         if not pushes:
             return None
 
@@ -59,11 +64,16 @@ class PrefillEngine:
         return hook
 
     async def prefill(
-        self, request_id: str, prompt: list[int], params: SamplingParams, target: KvTargetSpec, timeout: float
+        self, request_id: str, prompt: list[int], params: SamplingParams, target: KvTargetSpec, timeout: float,
+        remote_cached_tokens: int = 0,
     ) -> tuple[int, TransferStats, int]:
-        """First token, transfer stats and prefix-cached tokens; the KV is visible remotely on return."""
+        """First token, transfer stats and prefix-cached tokens; the KV is visible remotely on return.
+
+        The decode side already holds the first `remote_cached_tokens` (whole blocks) of the
+        prompt: target.block_ids are the blocks after them, and only those are sent."""
         t_start = time.time_ns()
         handle = await asyncio.to_thread(self.sender.start, target, self.loop.runner.kv_pool)
+        self._skip[request_id] = remote_cached_tokens // self.loop.scheduler.blocks.block_size
         self._handles[request_id] = handle
         stream = EventStream()
         seq = Sequence(request_id, list(prompt), dataclasses.replace(params, max_tokens=1), self.eos_ids)
@@ -83,6 +93,7 @@ class PrefillEngine:
         finally:
             self._handles.pop(request_id, None)
             self._pushing.discard(request_id)
+            self._skip.pop(request_id, None)
             if not done:
                 self.loop.abort(request_id)
 

@@ -6,6 +6,7 @@ import logging
 
 import grpc
 
+from pdserve.core.block_manager import cacheable_blocks
 from pdserve.core.kv_layout import KvLayout
 from pdserve.proto import worker_pb2, worker_pb2_grpc
 from pdserve.metrics import WorkerMetrics
@@ -37,7 +38,8 @@ class PrefillServicer(worker_pb2_grpc.PrefillWorkerServicer):
         timeout = 30.0 if remaining is None else max(0.1, remaining)
         try:
             with remote_parent(context):
-                token, stats, cached = await self.engine.prefill(request.request_id, prompt, params, target, timeout)
+                token, stats, cached = await self.engine.prefill(request.request_id, prompt, params, target, timeout,
+                                                                 t.cached_tokens)
             if self.metrics is not None:
                 self.metrics.transfer(stats.bytes, stats.seconds)
         except LayoutMismatch as e:
@@ -63,9 +65,14 @@ class PrefillServicer(worker_pb2_grpc.PrefillWorkerServicer):
             return f"prompt_token_ids: token {max(prompt)} outside the vocabulary"
         if request.target.request_id != request.request_id:
             return "target.request_id: does not match request_id"
-        need = sched.blocks.blocks_for(len(prompt))
+        size, cached = sched.blocks.block_size, request.target.cached_tokens
+        if cached % size or cached > cacheable_blocks(len(prompt), size) * size:
+            return (f"target.cached_tokens: {cached} is not a whole number of {size}-token blocks before "
+                    f"the block of the last of {len(prompt)} prompt tokens")
+        need = sched.blocks.blocks_for(len(prompt)) - cached // size
         if len(request.target.block_ids) != need:
-            return f"target.block_ids: {len(request.target.block_ids)} blocks for a prompt needing {need}"
+            return (f"target.block_ids: {len(request.target.block_ids)} blocks for a prompt needing {need} "
+                    f"after {cached} cached tokens")
         return None
 
     async def Abort(self, request: worker_pb2.AbortRequest, context: grpc.aio.ServicerContext) -> worker_pb2.AbortResponse:

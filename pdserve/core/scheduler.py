@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from pdserve.core.block_manager import BlockManager, prefix_hashes
+from pdserve.core.block_manager import BlockManager, cacheable_blocks
 from pdserve.core.request import Finish, Sequence, SeqStatus, check_finish
 from pdserve.core.step_io import SeqSlice, StepInput, StepOutput
 
@@ -67,7 +67,7 @@ class Scheduler:
         seq.arrival = self._arrivals
         self._by_id[seq.request_id] = seq
         if self.cfg.enable_prefix_caching:
-            self._hashes[seq.request_id] = hashes = prefix_hashes(seq.prompt_ids, self.blocks.block_size)
+            self._hashes[seq.request_id] = hashes = self.blocks.hashes(seq.prompt_ids)
             if hashes:
                 self._unregistered.add(seq.request_id)
         if seq.status is SeqStatus.RUNNING:
@@ -252,7 +252,7 @@ class Scheduler:
         if not hashes:
             return
         # Always recompute at least the last token, so the last cached block is left alone.
-        usable = hashes[: (len(seq) - 1) // self.blocks.block_size]
+        usable = hashes[: cacheable_blocks(len(seq), self.blocks.block_size)]
         hit = self.blocks.lookup(usable)
         seq.block_table = hit
         seq.num_computed = seq.num_cached = len(hit) * self.blocks.block_size

@@ -25,45 +25,45 @@ _sym_db = _symbol_database.Default()
 from pdserve.proto import kv_pb2 as pdserve_dot_v1_dot_kv__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17pdserve/v1/worker.proto\x12\npdserve.v1\x1a\x13pdserve/v1/kv.proto\"\xb3\x01\n\x0eWorkerSampling\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x12\x12\n\nmax_tokens\x18\x05 \x01(\r\x12\x12\n\nmin_tokens\x18\x06 \x01(\r\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x42\x07\n\x05_seed\"\x9f\x01\n\x08KvTarget\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tblock_ids\x18\x02 \x03(\r\x12$\n\x06layout\x18\x03 \x01(\x0b\x32\x14.pdserve.v1.KvLayout\x12\x0f\n\x07\x62\x61\x63kend\x18\x04 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x05 \x01(\t\x12\x10\n\x08lease_ms\x18\x06 \x01(\r\x12\x12\n\nnum_tokens\x18\x07 \x01(\r\"8\n\x0eReserveRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nnum_tokens\x18\x02 \x01(\r\"\"\n\x0cRenewRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rRenewResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x92\x01\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.WorkerSampling\x12$\n\x06target\x18\x04 \x01(\x0b\x32\x14.pdserve.v1.KvTarget\"g\n\x0fPrefillResponse\x12\x13\n\x0b\x66irst_token\x18\x01 \x01(\r\x12\x10\n\x08kv_bytes\x18\x02 \x01(\x04\x12\x16\n\x0ekv_transfer_ms\x18\x03 \x01(\x01\x12\x15\n\rcached_tokens\x18\x04 \x01(\r\"\x80\x01\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12\x13\n\x0b\x66irst_token\x18\x03 \x01(\r\x12,\n\x08sampling\x18\x04 \x01(\x0b\x32\x1a.pdserve.v1.WorkerSampling\"j\n\x0cGenerateWork\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.WorkerSampling\"I\n\nTokenBatch\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12(\n\x06\x66inish\x18\x02 \x01(\x0e\x32\x18.pdserve.v1.WorkerFinish\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x0e\n\x0cStatsRequest\"\xfb\x01\n\x0bWorkerStats\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x13\n\x0b\x66ree_blocks\x18\x02 \x01(\r\x12\x14\n\x0ctotal_blocks\x18\x03 \x01(\r\x12\x0f\n\x07running\x18\x04 \x01(\r\x12\x0f\n\x07waiting\x18\x05 \x01(\r\x12\x15\n\rqueued_tokens\x18\x06 \x01(\r\x12$\n\x06layout\x18\x07 \x01(\x0b\x32\x14.pdserve.v1.KvLayout\x12\r\n\x05model\x18\x08 \x01(\t\x12\x15\n\rmax_model_len\x18\t \x01(\r\x12\x19\n\x11prefix_cache_hits\x18\n \x01(\x04\x12\x13\n\x0bpreemptions\x18\x0b \x01(\x04*q\n\x0cWorkerFinish\x12\x16\n\x12WORKER_FINISH_NONE\x10\x00\x12\x16\n\x12WORKER_FINISH_STOP\x10\x01\x12\x18\n\x14WORKER_FINISH_LENGTH\x10\x02\x12\x17\n\x13WORKER_FINISH_ABORT\x10\x03\x32\xd0\x01\n\rPrefillWorker\x12\x42\n\x07Prefill\x12\x1a.pdserve.v1.PrefillRequest\x1a\x1b.pdserve.v1.PrefillResponse\x12<\n\x05\x41\x62ort\x12\x18.pdserve.v1.AbortRequest\x1a\x19.pdserve.v1.AbortResponse\x12=\n\x08GetStats\x12\x18.pdserve.v1.StatsRequest\x1a\x17.pdserve.v1.WorkerStats2\x85\x03\n\x0c\x44\x65\x63odeWorker\x12;\n\x07Reserve\x12\x1a.pdserve.v1.ReserveRequest\x1a\x14.pdserve.v1.KvTarget\x12<\n\x05Renew\x12\x18.pdserve.v1.RenewRequest\x1a\x19.pdserve.v1.RenewResponse\x12=\n\x06\x44\x65\x63ode\x12\x19.pdserve.v1.DecodeRequest\x1a\x16.pdserve.v1.TokenBatch0\x01\x12>\n\x08Generate\x12\x18.pdserve.v1.GenerateWork\x1a\x16.pdserve.v1.TokenBatch0\x01\x12<\n\x05\x41\x62ort\x12\x18.pdserve.v1.AbortRequest\x1a\x19.pdserve.v1.AbortResponse\x12=\n\x08GetStats\x12\x18.pdserve.v1.StatsRequest\x1a\x17.pdserve.v1.WorkerStatsb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17pdserve/v1/worker.proto\x12\npdserve.v1\x1a\x13pdserve/v1/kv.proto\"\xb3\x01\n\x0eWorkerSampling\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x12\x12\n\nmax_tokens\x18\x05 \x01(\r\x12\x12\n\nmin_tokens\x18\x06 \x01(\r\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x42\x07\n\x05_seed\"\xb6\x01\n\x08KvTarget\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tblock_ids\x18\x02 \x03(\r\x12$\n\x06layout\x18\x03 \x01(\x0b\x32\x14.pdserve.v1.KvLayout\x12\x0f\n\x07\x62\x61\x63kend\x18\x04 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x05 \x01(\t\x12\x10\n\x08lease_ms\x18\x06 \x01(\r\x12\x12\n\nnum_tokens\x18\x07 \x01(\r\x12\x15\n\rcached_tokens\x18\x08 \x01(\r\"R\n\x0eReserveRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nnum_tokens\x18\x02 \x01(\r\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\"\"\n\x0cRenewRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rRenewResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x92\x01\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.WorkerSampling\x12$\n\x06target\x18\x04 \x01(\x0b\x32\x14.pdserve.v1.KvTarget\"g\n\x0fPrefillResponse\x12\x13\n\x0b\x66irst_token\x18\x01 \x01(\r\x12\x10\n\x08kv_bytes\x18\x02 \x01(\x04\x12\x16\n\x0ekv_transfer_ms\x18\x03 \x01(\x01\x12\x15\n\rcached_tokens\x18\x04 \x01(\r\"\x80\x01\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12\x13\n\x0b\x66irst_token\x18\x03 \x01(\r\x12,\n\x08sampling\x18\x04 \x01(\x0b\x32\x1a.pdserve.v1.WorkerSampling\"j\n\x0cGenerateWork\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.WorkerSampling\"I\n\nTokenBatch\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12(\n\x06\x66inish\x18\x02 \x01(\x0e\x32\x18.pdserve.v1.WorkerFinish\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x0e\n\x0cStatsRequest\"\xb2\x02\n\x0bWorkerStats\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x13\n\x0b\x66ree_blocks\x18\x02 \x01(\r\x12\x14\n\x0ctotal_blocks\x18\x03 \x01(\r\x12\x0f\n\x07running\x18\x04 \x01(\r\x12\x0f\n\x07waiting\x18\x05 \x01(\r\x12\x15\n\rqueued_tokens\x18\x06 \x01(\r\x12$\n\x06layout\x18\x07 \x01(\x0b\x32\x14.pdserve.v1.KvLayout\x12\r\n\x05model\x18\x08 \x01(\t\x12\x15\n\rmax_model_len\x18\t \x01(\r\x12\x19\n\x11prefix_cache_hits\x18\n \x01(\x04\x12\x13\n\x0bpreemptions\x18\x0b \x01(\x04\x12\x1a\n\x12kv_received_blocks\x18\x0c \x01(\x04\x12\x19\n\x11kv_received_bytes\x18\r \x01(\x04*q\n\x0cWorkerFinish\x12\x16\n\x12WORKER_FINISH_NONE\x10\x00\x12\x16\n\x12WORKER_FINISH_STOP\x10\x01\x12\x18\n\x14WORKER_FINISH_LENGTH\x10\x02\x12\x17\n\x13WORKER_FINISH_ABORT\x10\x03\x32\xd0\x01\n\rPrefillWorker\x12\x42\n\x07Prefill\x12\x1a.pdserve.v1.PrefillRequest\x1a\x1b.pdserve.v1.PrefillResponse\x12<\n\x05\x41\x62ort\x12\x18.pdserve.v1.AbortRequest\x1a\x19.pdserve.v1.AbortResponse\x12=\n\x08GetStats\x12\x18.pdserve.v1.StatsRequest\x1a\x17.pdserve.v1.WorkerStats2\x85\x03\n\x0c\x44\x65\x63odeWorker\x12;\n\x07Reserve\x12\x1a.pdserve.v1.ReserveRequest\x1a\x14.pdserve.v1.KvTarget\x12<\n\x05Renew\x12\x18.pdserve.v1.RenewRequest\x1a\x19.pdserve.v1.RenewResponse\x12=\n\x06\x44\x65\x63ode\x12\x19.pdserve.v1.DecodeRequest\x1a\x16.pdserve.v1.TokenBatch0\x01\x12>\n\x08Generate\x12\x18.pdserve.v1.GenerateWork\x1a\x16.pdserve.v1.TokenBatch0\x01\x12<\n\x05\x41\x62ort\x12\x18.pdserve.v1.AbortRequest\x1a\x19.pdserve.v1.AbortResponse\x12=\n\x08GetStats\x12\x18.pdserve.v1.StatsRequest\x1a\x17.pdserve.v1.WorkerStatsb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pdserve.v1.worker_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_WORKERFINISH']._serialized_start=1436
-  _globals['_WORKERFINISH']._serialized_end=1549
+  _globals['_WORKERFINISH']._serialized_start=1540
+  _globals['_WORKERFINISH']._serialized_end=1653
   _globals['_WORKERSAMPLING']._serialized_start=61
   _globals['_WORKERSAMPLING']._serialized_end=240
   _globals['_KVTARGET']._serialized_start=243
-  _globals['_KVTARGET']._serialized_end=402
-  _globals['_RESERVEREQUEST']._serialized_start=404
-  _globals['_RESERVEREQUEST']._serialized_end=460
-  _globals['_RENEWREQUEST']._serialized_start=462
-  _globals['_RENEWREQUEST']._serialized_end=496
-  _globals['_RENEWRESPONSE']._serialized_start=498
-  _globals['_RENEWRESPONSE']._serialized_end=528
-  _globals['_PREFILLREQUEST']._serialized_start=531
-  _globals['_PREFILLREQUEST']._serialized_end=677
-  _globals['_PREFILLRESPONSE']._serialized_start=679
-  _globals['_PREFILLRESPONSE']._serialized_end=782
-  _globals['_DECODEREQUEST']._serialized_start=785
-  _globals['_DECODEREQUEST']._serialized_end=913
-  _globals['_GENERATEWORK']._serialized_start=915
-  _globals['_GENERATEWORK']._serialized_end=1021
-  _globals['_TOKENBATCH']._serialized_start=1023
-  _globals['_TOKENBATCH']._serialized_end=1096
-  _globals['_ABORTREQUEST']._serialized_start=1098
-  _globals['_ABORTREQUEST']._serialized_end=1132
-  _globals['_ABORTRESPONSE']._serialized_start=1134
-  _globals['_ABORTRESPONSE']._serialized_end=1164
-  _globals['_STATSREQUEST']._serialized_start=1166
-  _globals['_STATSREQUEST']._serialized_end=1180
-  _globals['_WORKERSTATS']._serialized_start=1183
-  _globals['_WORKERSTATS']._serialized_end=1434
-  _globals['_PREFILLWORKER']._serialized_start=1552
-  _globals['_PREFILLWORKER']._serialized_end=1760
-  _globals['_DECODEWORKER']._serialized_start=1763
-  _globals['_DECODEWORKER']._serialized_end=2152
+  _globals['_KVTARGET']._serialized_end=425
+  _globals['_RESERVEREQUEST']._serialized_start=427
+  _globals['_RESERVEREQUEST']._serialized_end=509
+  _globals['_RENEWREQUEST']._serialized_start=511
+  _globals['_RENEWREQUEST']._serialized_end=545
+  _globals['_RENEWRESPONSE']._serialized_start=547
+  _globals['_RENEWRESPONSE']._serialized_end=577
+  _globals['_PREFILLREQUEST']._serialized_start=580
+  _globals['_PREFILLREQUEST']._serialized_end=726
+  _globals['_PREFILLRESPONSE']._serialized_start=728
+  _globals['_PREFILLRESPONSE']._serialized_end=831
+  _globals['_DECODEREQUEST']._serialized_start=834
+  _globals['_DECODEREQUEST']._serialized_end=962
+  _globals['_GENERATEWORK']._serialized_start=964
+  _globals['_GENERATEWORK']._serialized_end=1070
+  _globals['_TOKENBATCH']._serialized_start=1072
+  _globals['_TOKENBATCH']._serialized_end=1145
+  _globals['_ABORTREQUEST']._serialized_start=1147
+  _globals['_ABORTREQUEST']._serialized_end=1181
+  _globals['_ABORTRESPONSE']._serialized_start=1183
+  _globals['_ABORTRESPONSE']._serialized_end=1213
+  _globals['_STATSREQUEST']._serialized_start=1215
+  _globals['_STATSREQUEST']._serialized_end=1229
+  _globals['_WORKERSTATS']._serialized_start=1232
+  _globals['_WORKERSTATS']._serialized_end=1538
+  _globals['_PREFILLWORKER']._serialized_start=1656
+  _globals['_PREFILLWORKER']._serialized_end=1864
+  _globals['_DECODEWORKER']._serialized_start=1867
+  _globals['_DECODEWORKER']._serialized_end=2256
 # @@protoc_insertion_point(module_scope)

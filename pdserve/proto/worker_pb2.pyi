@@ -40,7 +40,7 @@ class WorkerSampling(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., max_tokens: _Optional[int] = ..., min_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ...) -> None: ...
 
 class KvTarget(_message.Message):
-    __slots__ = ("request_id", "block_ids", "layout", "backend", "address", "lease_ms", "num_tokens")
+    __slots__ = ("request_id", "block_ids", "layout", "backend", "address", "lease_ms", "num_tokens", "cached_tokens")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
@@ -48,6 +48,7 @@ class KvTarget(_message.Message):
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     LEASE_MS_FIELD_NUMBER: _ClassVar[int]
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     block_ids: _containers.RepeatedScalarFieldContainer[int]
     layout: _kv_pb2.KvLayout
@@ -55,15 +56,18 @@ class KvTarget(_message.Message):
     address: str
     lease_ms: int
     num_tokens: int
-    def __init__(self, request_id: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., layout: _Optional[_Union[_kv_pb2.KvLayout, _Mapping]] = ..., backend: _Optional[str] = ..., address: _Optional[str] = ..., lease_ms: _Optional[int] = ..., num_tokens: _Optional[int] = ...) -> None: ...
+    cached_tokens: int
+    def __init__(self, request_id: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., layout: _Optional[_Union[_kv_pb2.KvLayout, _Mapping]] = ..., backend: _Optional[str] = ..., address: _Optional[str] = ..., lease_ms: _Optional[int] = ..., num_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
 
 class ReserveRequest(_message.Message):
-    __slots__ = ("request_id", "num_tokens")
+    __slots__ = ("request_id", "num_tokens", "prompt_token_ids")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     num_tokens: int
-    def __init__(self, request_id: _Optional[str] = ..., num_tokens: _Optional[int] = ...) -> None: ...
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, request_id: _Optional[str] = ..., num_tokens: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RenewRequest(_message.Message):
     __slots__ = ("request_id",)
@@ -148,7 +152,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerStats(_message.Message):
-    __slots__ = ("role", "free_blocks", "total_blocks", "running", "waiting", "queued_tokens", "layout", "model", "max_model_len", "prefix_cache_hits", "preemptions")
+    __slots__ = ("role", "free_blocks", "total_blocks", "running", "waiting", "queued_tokens", "layout", "model", "max_model_len", "prefix_cache_hits", "preemptions", "kv_received_blocks", "kv_received_bytes")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -160,6 +164,8 @@ class WorkerStats(_message.Message):
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CACHE_HITS_FIELD_NUMBER: _ClassVar[int]
     PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
+    KV_RECEIVED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    KV_RECEIVED_BYTES_FIELD_NUMBER: _ClassVar[int]
     role: str
     free_blocks: int
     total_blocks: int
@@ -171,4 +177,6 @@ class WorkerStats(_message.Message):
     max_model_len: int
     prefix_cache_hits: int
     preemptions: int
-    def __init__(self, role: _Optional[str] = ..., free_blocks: _Optional[int] = ..., total_blocks: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., queued_tokens: _Optional[int] = ..., layout: _Optional[_Union[_kv_pb2.KvLayout, _Mapping]] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., preemptions: _Optional[int] = ...) -> None: ...
+    kv_received_blocks: int
+    kv_received_bytes: int
+    def __init__(self, role: _Optional[str] = ..., free_blocks: _Optional[int] = ..., total_blocks: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., queued_tokens: _Optional[int] = ..., layout: _Optional[_Union[_kv_pb2.KvLayout, _Mapping]] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., preemptions: _Optional[int] = ..., kv_received_blocks: _Optional[int] = ..., kv_received_bytes: _Optional[int] = ...) -> None: ...

@@ -129,3 +129,77 @@ def test_prefix_hashes_chain_covers_whole_prefix(tokens: list[int], bs: int):
     other = [tokens[0] + 1, *tokens[1:]] if tokens else []
     assert all(x != y for x, y in zip(hs, prefix_hashes(other, bs)))  # a change early changes all
     assert prefix_hashes(tokens + [7] * bs, bs)[: len(hs)] == hs
+
+
+def test_prefix_hashes_are_the_same_in_every_process():
+    # Two workers must name a block alike: no per-process randomization (PYTHONHASHSEED).
+    import subprocess
+    import sys
+
+    code = ("from pdserve.core.block_manager import prefix_hashes;"
+            "print(prefix_hashes(list(range(40)), 16, salt=7))")
+    runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={**__import__("os").environ, "PYTHONHASHSEED": seed}).stdout.strip()
+            for seed in ("1", "2")}
+    assert runs == {str(prefix_hashes(list(range(40)), 16, salt=7))}
+
+
+def test_salt_separates_chains_and_is_checked():
+    tokens = list(range(32))
+    assert BlockManager(4, 16, salt=1).hashes(tokens) == prefix_hashes(tokens, 16, salt=1)
+    assert set(prefix_hashes(tokens, 16, salt=1)).isdisjoint(prefix_hashes(tokens, 16, salt=2))
+    with pytest.raises(ValueError, match="salt"):
+        BlockManager(4, 16, salt=-1)
+
+
+def _cache_prompt(bm: BlockManager, prompt: list[int]) -> list[int]:
+    """Fill and register a prompt's full blocks as a finished sequence would, then free them."""
+    hashes = bm.hashes(prompt)
+    table = bm.allocate(bm.blocks_for(len(prompt)))
+    for b, h in zip(table, hashes):
+        bm.register(b, h)
+    bm.free(table)
+    return table
+
+
+def test_allocate_prompt_pins_the_cached_prefix_but_never_the_last_tokens_block():
+    bm = BlockManager(16, block_size=4, salt=3)
+    prompt = list(range(100, 112))  # 3 full blocks
+    cached = _cache_prompt(bm, prompt)
+    assert bm.num_free == 16  # cached blocks count as free
+    table, hit = bm.allocate_prompt(12, bm.hashes(prompt))
+    assert hit == 2 and table[:2] == cached[:2]  # block 3 holds the last token: computed anew
+    assert len(table) == 3 and table[2] != cached[2]
+    assert [bm.ref_count(b) for b in table] == [1, 1, 1]
+    longer = prompt + [5, 6]
+    table2, hit2 = bm.allocate_prompt(len(longer), bm.hashes(longer))
+    assert hit2 == 3 and table2[:2] == cached[:2] and bm.ref_count(cached[0]) == 2
+    other = [0] + prompt[1:]
+    table3, hit3 = bm.allocate_prompt(12, bm.hashes(other))
+    table4, hit4 = bm.allocate_prompt(12, [])
+    assert hit3 == hit4 == 0  # a different first token, no hashes: no hit
+    assert bm.num_free == 16 - 5 - 6
+    for t in (table, table2, table3, table4):
+        bm.free(t)
+    assert bm.num_free == 16 and bm.lookup(bm.hashes(prompt)) == cached
+
+
+def test_allocate_prompt_is_all_or_nothing():
+    bm = BlockManager(4, block_size=4)
+    prompt = list(range(13))  # 4 blocks, 3 cacheable
+    cached = _cache_prompt(bm, prompt[:12])
+    hog = bm.allocate(1)  # the one block that was not cached
+    assert set(hog).isdisjoint(cached)
+    big = prompt[:8] + list(range(50, 70))  # 2 cached blocks, then 5 more needed, 2 available
+    with pytest.raises(NoFreeBlocks):
+        bm.allocate_prompt(len(big), bm.hashes(big))
+    assert bm.num_free == 3 and all(bm.ref_count(b) == 0 for b in cached)
+    assert bm.lookup(bm.hashes(prompt)[:3]) == cached[:3]  # still cached
+
+
+def test_a_chain_is_evicted_from_its_deepest_block():
+    bm = BlockManager(6, block_size=2)
+    prompt = list(range(8))
+    cached = _cache_prompt(bm, prompt)  # 4 blocks cached, 2 never used
+    assert bm.allocate(4)  # the 2 free, then the 2 deepest of the chain
+    assert bm.lookup(bm.hashes(prompt)) == cached[:2]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 from pdserve.core.block_manager import BlockManager
-from pdserve.core.request import Finish, Sequence
+from pdserve.core.request import Finish, Sequence, SeqStatus
 from pdserve.core.sampling import SamplingParams
 from pdserve.core.scheduler import Scheduler, SchedulerConfig
 
@@ -168,4 +168,36 @@ def test_max_num_seqs_bounds_running_every_step():
         for ev in sched.update(step, runner.execute(step)):
             outs.setdefault(ev.request_id, []).append(ev.token)
     assert all(outs[f"r{i}"] == alone(3, 3 + i, i) for i in range(7))
+    leak_check(sched)
+
+
+def _decode_side(sched: Scheduler, runner: FakeRunner, rid: str, prompt: list[int], first: int,
+                 max_tokens: int) -> tuple[int, list[int]]:
+    """A decode worker's path: reserve with a prefix lookup, the transfer writes only the
+    blocks past the cached prefix, the sequence joins the batch with its first token."""
+    bs = sched.blocks.block_size
+    table, hit = sched.blocks.allocate_prompt(len(prompt), sched.blocks.hashes(prompt))
+    for pos in range(hit * bs, len(prompt)):  # what the KV transfer writes
+        runner.cache[(table[pos // bs], pos % bs)] = (pos, prompt[pos])
+    sched.add(Sequence(rid, list(prompt), SamplingParams(temperature=0, max_tokens=max_tokens),
+                       output_ids=[first], block_table=table, num_computed=len(prompt),
+                       status=SeqStatus.RUNNING))
+    return hit, [first, *run_all(sched, runner)[rid]]
+
+
+def test_decode_side_prefix_cache_reuses_finished_prompts_and_survives_eviction():
+    rng = random.Random(1)
+    shared = [rng.randrange(1000) for _ in range(20)]  # 5 blocks of 4
+    a, b, c = shared + [1, 2, 3], shared + [7, 8], [rng.randrange(1000) for _ in range(40)]
+    want = {}
+    for name, p in (("a", a), ("b", b), ("c", c)):  # no cache: a fresh worker each
+        s, r = make(num_blocks=64, block_size=4)
+        want[name] = _decode_side(s, r, name, p, 5, 6)[1]
+    sched, runner = make(num_blocks=14, block_size=4)
+    assert _decode_side(sched, runner, "a", a, 5, 6) == (0, want["a"])
+    assert _decode_side(sched, runner, "b", b, 5, 6) == (5, want["b"])  # only the tail was sent
+    leak_check(sched)  # cached blocks count as free
+    assert _decode_side(sched, runner, "c", c, 5, 6) == (0, want["c"])  # 12 blocks: evicts most
+    hit, tokens = _decode_side(sched, runner, "b2", b, 5, 6)
+    assert hit < 5 and tokens == want["b"]
     leak_check(sched)

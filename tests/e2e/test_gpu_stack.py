@@ -12,24 +12,15 @@ from pdserve.model.spec import ModelSpec
 from pdserve.runtime.offline import generate
 from pdserve.runtime.runner import ModelRunner
 from pdtest.stack import assert_no_leaks
+from pdtest.tiny import word_tokenizer
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
-
-
-def _word_tokenizer(folder, vocab_size: int) -> None:
-    """A word-level tokenizer "t0 t1 ..." so the gateway can run offline on a tiny model."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab_size)}, unk_token="t0"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", bos_token="t1", eos_token="t2").save_pretrained(folder)
 
 
 def test_two_processes_on_one_gpu_match_offline(tmp_path):
     folder = build_tiny("llama3_rope", tmp_path / "m")
     spec = ModelSpec.from_dir(folder)
-    _word_tokenizer(folder, spec.vocab_size)
+    word_tokenizer(folder, spec.vocab_size)
     args = ["--device", "cuda", "--dtype", "float32", "--num-blocks", "256", "--max-model-len", "256"]
     prompts = [[(7 * i + j) % (spec.vocab_size - 3) + 3 for j in range(n)] for i, n in enumerate((5, 33, 70))]
     runner = ModelRunner(spec, folder, device="cuda", dtype=torch.float32, num_blocks=64, block_size=16)
