@@ -217,6 +217,7 @@ class Scheduler:
         if len(seq.block_table) > keep:
             self.blocks.free(seq.block_table[keep:])
             del seq.block_table[keep:]
+            self._tables.pop(seq.request_id, None)  # the cached tuple assumes tables only grow
 
     def _append_running(self, seq: Sequence) -> None:
         if self.running and self.running[-1].arrival > seq.arrival:
