@@ -105,9 +105,13 @@ def main() -> None:
     ap.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch CPU threads (0: torch's default; 1 avoids spin-wait collapse on a busy host)")
     ap.add_argument("--speculative-config", default='{"method": "ngram", "num_speculative_tokens": 4, '
                                                     '"prompt_lookup_max": 4, "prompt_lookup_min": 1}')
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     spec = SpeculativeConfig.parse(args.speculative_config)
     model_dir = resolve_model(args.model, require_weights=args.load_format != "dummy")
     mspec = ModelSpec.from_dir(model_dir)
@@ -156,6 +160,10 @@ def report(runs: dict[str, list[dict]], args: argparse.Namespace, mspec: ModelSp
         "drafted_tokens": drafted, "accepted_tokens": accepted,
         "acceptance_rate": round(accepted / drafted, 3) if drafted else 0.0,
         "greedy_tokens_equal": all(a["tokens"] == b["tokens"] for a, b in zip(plain, ngram)),
+        "runs": [dict(prompt=i % len(PROMPTS), plain_tok_s=round((len(a["tokens"]) - 1) / a["decode_seconds"], 2),
+                      ngram_tok_s=round((len(b["tokens"]) - 1) / b["decode_seconds"], 2),
+                      plain_steps=a["decode_steps"], ngram_steps=b["decode_steps"], drafted=b["drafted"],
+                      accepted=b["accepted"]) for i, (a, b) in enumerate(zip(plain, ngram))],
         "note": "CPU timings on a shared machine are noisy; modes alternate per run. GPU target: >= 1.8x "
                 "on one H200 (not measured here). Dummy weights give ~zero acceptance.",
     }
