@@ -1,6 +1,7 @@
 """Iteration-level scheduler shared by the prefill, decode and colocated workers (pure Python).
 
-Each step: every running sequence decodes one token (growing its blocks, preempting the newest
+Each step: every running sequence decodes one token (plus n-gram drafts to verify with
+--speculative-config, core/spec_schedule.py; growing its blocks, preempting the newest
 sequence by recompute when blocks run out), then waiting sequences are prefilled first come,
 first served, in chunks that fit the token budget. Prefix-cached blocks are reused.
 """
@@ -180,7 +181,7 @@ class Scheduler:
                 events.append(TokenEvent(rid, -1, Finish.ABORT))
                 self._finish(seq, Finish.ABORT)
                 continue
-            seq.num_computed = sl.end_pos - sl.num_drafts  # accepted drafts count below
+            seq.num_computed = sl.start_pos + len(sl.token_ids) - sl.num_drafts  # accepted ones: below
             if rid in unregistered:
                 self._register_prefix(seq)
             if not sl.sample:
