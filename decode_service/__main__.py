@@ -22,7 +22,19 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--lease-ms", type=int, default=10_000, help="reservation lease")
     p.add_argument("--role", default="decode", choices=["decode", "colocated"],
                    help="colocated: serve whole requests (Generate) as well; only the reported role differs")
+    p.add_argument("--speculative-config", type=_speculative_config, default=None,
+                   help='JSON, as vLLM: \'{"method": "ngram", "num_speculative_tokens": 4, '
+                        '"prompt_lookup_max": 4, "prompt_lookup_min": 1}\' (off when absent)')
     return p
+
+
+def _speculative_config(text: str):
+    from pdserve.core.speculative import SpeculativeConfig
+
+    try:
+        return SpeculativeConfig.parse(text)
+    except ValueError as e:  # argparse names the flag itself
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--speculative-config: ")) from None
 
 
 async def amain(args: argparse.Namespace) -> None:
@@ -33,7 +45,10 @@ async def amain(args: argparse.Namespace) -> None:
     from pdserve.worker import build
 
     built = build(args)
-    loop = EngineLoop(built.scheduler, built.runner)
+    from pdserve.runtime.spec_step import SpeculativeRunner
+
+    runner = SpeculativeRunner(built.runner) if built.scheduler.spec is not None else built.runner
+    loop = EngineLoop(built.scheduler, runner)
     from pdserve.transfer import make_receiver
 
     kw = {"host": args.advertise_host or args.host, "port": args.kv_nccl_port} if args.kv_transfer == "nccl" else {}

@@ -132,8 +132,18 @@ class DecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
                 queued_tokens=sched.queued_tokens, layout=layout_to_proto(self.layout), model=self.model,
                 max_model_len=sched.cfg.max_model_len, prefix_cache_hits=sched.prefix_hit_tokens,
                 preemptions=sched.preemptions, kv_received_blocks=self.engine.kv_received_blocks,
-                kv_received_bytes=self.engine.kv_received_bytes,
+                kv_received_bytes=self.engine.kv_received_bytes, engine_steps=self.engine.loop.steps,
+                **spec_stats(sched),
             )
+
+
+def spec_stats(sched) -> dict:
+    """WorkerStats' speculative-decoding fields (empty when speculation is off)."""
+    if sched.spec is None:
+        return {}
+    st = sched.spec.stats
+    return dict(spec_num_drafts=st.steps, spec_draft_tokens=st.proposed, spec_accepted_tokens=st.accepted,
+                spec_accepted_per_pos=list(st.accepted_per_pos))
 
 
 async def lease_reaper(engine: DecodeEngine, period_s: float = 0.25) -> None:

@@ -16,13 +16,18 @@ def _up(argv: list[str]) -> None:
     p.add_argument("--port", type=int, default=50051, help="gateway port")
     p.add_argument("--demo", action="store_true", help=f"ask {DEMO_QUESTION!r} once everything is up")
     p.add_argument("--quiet", action="store_true", help="do not echo the services' logs")
+    p.add_argument("--speculative-config", default=None,
+                   help="JSON for the decode (or colocated) worker, e.g. '{\"method\": \"ngram\", "
+                        "\"num_speculative_tokens\": 4}'")
     args, worker_args = p.parse_known_args(argv)
     from pdserve.launch import Stack
     from pdserve.model.prepare import resolve_model
 
     model = resolve_model(args.model)  # prepares the default model once, with a progress bar
     print(f"starting {'a colocated worker' if args.colocated else 'prefill, decode'} and gateway ...", flush=True)
-    stack = Stack(model=str(model), worker_args=worker_args, echo=not args.quiet, colocated=args.colocated)
+    decode_args = ["--speculative-config", args.speculative_config] if args.speculative_config else []
+    stack = Stack(model=str(model), worker_args=worker_args, echo=not args.quiet, colocated=args.colocated,
+                  decode_args=decode_args)
     stack.start(gateway_port=args.port)
     try:
         for name, proc in stack.procs.items():

@@ -11,6 +11,7 @@ and is imported only when OTLP export is on.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import math
 import os
@@ -21,6 +22,8 @@ from typing import Protocol
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from pdserve.core.speculative import SpecStats
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +77,9 @@ class SchedulerCollector(Collector):
             running = len(sched.running)
             free, total = sched.blocks.num_free, sched.blocks.num_total
             hits, preemptions = sched.prefix_hit_tokens, sched.preemptions
+            spec = getattr(sched, "spec", None)
+            spec_stats = None if spec is None else dataclasses.replace(
+                spec.stats, accepted_per_pos=list(spec.stats.accepted_per_pos))
         yield GaugeMetricFamily("pdserve:num_requests_waiting", "Requests waiting (incl. KV reservations).",
                                 value=waiting)
         yield GaugeMetricFamily("pdserve:num_requests_running", "Sequences in the running batch.", value=running)
@@ -82,6 +88,23 @@ class SchedulerCollector(Collector):
         yield CounterMetricFamily("pdserve:prefix_cache_hits", "Prompt tokens served from the prefix cache.",
                                   value=hits)
         yield CounterMetricFamily("pdserve:num_preemptions", "Sequences preempted (recompute).", value=preemptions)
+        if spec_stats is not None:
+            yield from spec_metrics(spec_stats)
+
+
+def spec_metrics(st: SpecStats) -> Iterable[Metric]:
+    """Speculative decoding counters, as vLLM's spec_decode_* (the _total suffix is added)."""
+    yield CounterMetricFamily("pdserve:spec_decode_num_drafts", "Sequence-steps that verified drafts.",
+                              value=st.steps)
+    yield CounterMetricFamily("pdserve:spec_decode_num_draft_tokens", "Draft tokens verified.",
+                              value=st.proposed)
+    yield CounterMetricFamily("pdserve:spec_decode_num_accepted_tokens", "Draft tokens accepted.",
+                              value=st.accepted)
+    per_pos = CounterMetricFamily("pdserve:spec_decode_num_accepted_tokens_per_pos",
+                                  "Draft tokens accepted, by offset in the draft.", labels=["position"])
+    for i, n in enumerate(st.accepted_per_pos):
+        per_pos.add_metric([str(i)], n)
+    yield per_pos
 
 
 def serve(port: int | None, registry: CollectorRegistry, host: str = "0.0.0.0") -> bool:

@@ -10,6 +10,7 @@ import torch
 
 from pdserve.core.block_manager import BlockManager
 from pdserve.core.scheduler import Scheduler, SchedulerConfig
+from pdserve.core.spec_schedule import DraftPlanner
 from pdserve.model.prepare import resolve_model
 from pdserve.model.spec import ModelSpec
 from pdserve.runtime.kv_cache import num_blocks_for_bytes
@@ -91,7 +92,9 @@ def build(args: argparse.Namespace) -> Built:
     )
     # The layout hash salts the prefix hashes: equal on every worker whose KV is interchangeable.
     salt = int(runner.layout.compat_hash(), 16)
-    sched = Scheduler(cfg, BlockManager(num_blocks, args.block_size, salt=salt))
+    spec_cfg = getattr(args, "speculative_config", None)  # decode and colocated workers only
+    planner = DraftPlanner(spec_cfg, args.max_model_len) if spec_cfg is not None else None
+    sched = Scheduler(cfg, BlockManager(num_blocks, args.block_size, salt=salt), planner)
     name = args.served_model_name or model_dir.name
     log.info("model %s: %d KV blocks of %d tokens on %s/%s", name, num_blocks, args.block_size, device, dtype)
     return Built(spec, runner, sched, name)

@@ -1,6 +1,7 @@
 """Iteration-level scheduler shared by the prefill, decode and colocated workers (pure Python).
 
-Each step: every running sequence decodes one token (growing its blocks, preempting the newest
+Each step: every running sequence decodes one token (plus n-gram drafts to verify with
+--speculative-config, core/spec_schedule.py; growing its blocks, preempting the newest
 sequence by recompute when blocks run out), then waiting sequences are prefilled first come,
 first served, in chunks that fit the token budget. Prefix-cached blocks are reused.
 """
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 
 from pdserve.core.block_manager import BlockManager, cacheable_blocks
 from pdserve.core.request import Finish, Sequence, SeqStatus, check_finish
+from pdserve.core.spec_schedule import DraftPlanner
 from pdserve.core.step_io import SeqSlice, StepInput, StepOutput
 
 
@@ -37,9 +39,10 @@ class TokenEvent:
 class Scheduler:
     """Owns the sequences of one worker and decides what each step computes."""
 
-    def __init__(self, cfg: SchedulerConfig, blocks: BlockManager) -> None:
+    def __init__(self, cfg: SchedulerConfig, blocks: BlockManager, spec: DraftPlanner | None = None) -> None:
         self.cfg = cfg
         self.blocks = blocks
+        self.spec = spec  # speculative decoding: drafts after each running sequence's last token
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._by_id: dict[str, Sequence] = {}
@@ -119,6 +122,7 @@ class Scheduler:
         running_status = SeqStatus.RUNNING
         tables = self._tables
         append = slices.append
+        spec = self.spec
         for seq in list(self.running):
             if seq.status is not running_status or budget <= 0:
                 continue
@@ -129,6 +133,7 @@ class Scheduler:
                 if not self._grow(seq, n):
                     continue
                 bt = seq.block_table
+            drafts = spec.drafts(seq, budget, self.blocks, len(self.running)) if spec is not None else ()
             # the decode slice of _slice(seq, n - 1, n), built inline (one per sequence per step)
             rid, params = seq.request_id, seq.params
             cached = tables.get(rid)
@@ -136,14 +141,15 @@ class Scheduler:
                 cached = tables[rid] = (bt, tuple(bt))
             append(SeqSlice(
                 rid,
-                (out[-1],) if out else seq.token_slice(n - 1, n),
+                ((out[-1],) if out else seq.token_slice(n - 1, n)) + drafts,
                 n - 1,
                 cached[1],
                 params,
                 True,
                 seq.suppressed() if params.min_tokens else (),
+                len(drafts),
             ))
-            budget -= 1
+            budget -= 1 + len(drafts)
         while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
             seq = self.waiting[0]
             if seq.num_computed == 0 and not seq.block_table:
@@ -175,10 +181,13 @@ class Scheduler:
                 events.append(TokenEvent(rid, -1, Finish.ABORT))
                 self._finish(seq, Finish.ABORT)
                 continue
-            seq.num_computed = sl.start_pos + len(sl.token_ids)
+            seq.num_computed = sl.start_pos + len(sl.token_ids) - sl.num_drafts  # accepted ones: below
             if rid in unregistered:
                 self._register_prefix(seq)
             if not sl.sample:
+                continue
+            if sl.num_drafts:
+                self._apply_verified(seq, sl, out.emitted[rid], events)
                 continue
             token = sampled[rid]
             seq.output_ids.append(token)
@@ -191,6 +200,25 @@ class Scheduler:
         return events
 
     # -- helpers ---------------------------------------------------------------------------
+
+    def _apply_verified(self, seq: Sequence, sl: SeqSlice, tokens: tuple[int, ...],
+                        events: list[TokenEvent]) -> None:
+        """Emit a verify step's tokens up to the first finish; free blocks only rejected drafts used."""
+        accepted = len(tokens) - 1
+        self.spec.verified(seq.request_id, sl.num_drafts, accepted)  # type: ignore[union-attr]
+        seq.num_computed += accepted
+        for token in tokens:
+            seq.output_ids.append(token)
+            finish = check_finish(seq, self.cfg.max_model_len)
+            events.append(TokenEvent(seq.request_id, token, finish))
+            if finish is not None:
+                self._finish(seq, finish)
+                return
+        keep = self.blocks.blocks_for(len(seq))
+        if len(seq.block_table) > keep:
+            self.blocks.free(seq.block_table[keep:])
+            del seq.block_table[keep:]
+            self._tables.pop(seq.request_id, None)  # the cached tuple assumes tables only grow
 
     def _append_running(self, seq: Sequence) -> None:
         if self.running and self.running[-1].arrival > seq.arrival:
@@ -282,6 +310,8 @@ class Scheduler:
         self._registered.pop(seq.request_id, None)
         self._unregistered.discard(seq.request_id)
         self._tables.pop(seq.request_id, None)
+        if self.spec is not None:
+            self.spec.forget(seq.request_id)
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 _MAX_CANDIDATES = 64  # most recent occurrences of the last token examined per proposal
+_MAX_DRAFTS = 32
+_FLAG = "--speculative-config"
 
 
 @dataclass(frozen=True)
@@ -30,34 +32,63 @@ class SpeculativeConfig:
 
     @classmethod
     def parse(cls, text: str | dict[str, Any] | None) -> SpeculativeConfig | None:
-        """JSON (or a dict) -> config; None/empty means no speculation."""
+        """JSON (or a dict) -> config; None/empty means no speculation.
+
+        ValueError naming the offending key for malformed JSON, unknown keys and bad values.
+        """
         if not text:
             return None
-        d = json.loads(text) if isinstance(text, str) else dict(text)
-        unknown = set(d) - set(cls.__dataclass_fields__)
+        if isinstance(text, str):
+            try:
+                d = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{_FLAG}: not valid JSON ({e})") from None
+        else:
+            d = text
+        if not isinstance(d, dict):
+            raise ValueError(f"{_FLAG}: must be a JSON object, got {type(d).__name__}")
+        unknown = sorted(set(d) - set(cls.__dataclass_fields__))
         if unknown:
-            raise ValueError(f"--speculative-config: unknown keys {sorted(unknown)}")
+            raise ValueError(f"{_FLAG}: unknown key {unknown[0]!r} (known: {sorted(cls.__dataclass_fields__)})")
+        for key, value in d.items():
+            want = str if key == "method" else int
+            if not isinstance(value, want) or isinstance(value, bool):
+                raise ValueError(f"{_FLAG}: {key} must be {'a string' if want is str else 'an integer'}, "
+                                 f"got {value!r}")
+        lookup = {"prompt_lookup_min", "prompt_lookup_max"}
+        if len(lookup & set(d)) == 1:  # as in vLLM, one of the two sets both
+            d = {**d, **dict.fromkeys(lookup, d[(lookup & set(d)).pop()])}
         cfg = cls(**d)
         cfg.validate()
         return cfg
 
     def validate(self) -> None:
+        """ValueError naming the first bad key."""
         if self.method != "ngram":
-            raise ValueError(f"--speculative-config: method {self.method!r} unsupported (ngram)")
-        if self.num_speculative_tokens < 1:
-            raise ValueError("--speculative-config: num_speculative_tokens must be >= 1")
-        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
-            raise ValueError("--speculative-config: need 1 <= prompt_lookup_min <= prompt_lookup_max")
+            raise ValueError(f"{_FLAG}: method {self.method!r} is not supported (only 'ngram')")
+        if not 1 <= self.num_speculative_tokens <= _MAX_DRAFTS:
+            raise ValueError(f"{_FLAG}: num_speculative_tokens must be in [1, {_MAX_DRAFTS}], "
+                             f"got {self.num_speculative_tokens}")
+        if self.prompt_lookup_min < 1:
+            raise ValueError(f"{_FLAG}: prompt_lookup_min must be >= 1, got {self.prompt_lookup_min}")
+        if self.prompt_lookup_max < self.prompt_lookup_min:
+            raise ValueError(f"{_FLAG}: prompt_lookup_max ({self.prompt_lookup_max}) must be >= "
+                             f"prompt_lookup_min ({self.prompt_lookup_min})")
+        if self.max_misses < 1:
+            raise ValueError(f"{_FLAG}: max_misses must be >= 1, got {self.max_misses}")
+        if self.max_pause < 0:
+            raise ValueError(f"{_FLAG}: max_pause must be >= 0, got {self.max_pause}")
 
 
 @dataclass
 class SpecStats:
-    """Acceptance counters of one worker (exported as metrics)."""
+    """Acceptance counters of one worker (exported as metrics, named as vLLM's)."""
 
-    steps: int = 0  # sequence-steps that verified at least one draft token
-    proposed: int = 0
+    steps: int = 0  # sequence-steps that verified at least one draft token (vLLM: num_drafts)
+    proposed: int = 0  # draft tokens verified
     accepted: int = 0
     emitted: int = 0  # tokens produced by verify steps (accepted + one per step)
+    accepted_per_pos: list[int] = field(default_factory=list)  # [i]: drafts accepted at offset i
 
     @property
     def acceptance_rate(self) -> float:
@@ -69,6 +100,10 @@ class SpecStats:
             self.proposed += proposed
             self.accepted += accepted
             self.emitted += accepted + 1
+            if len(self.accepted_per_pos) < proposed:
+                self.accepted_per_pos.extend([0] * (proposed - len(self.accepted_per_pos)))
+            for i in range(accepted):
+                self.accepted_per_pos[i] += 1
 
 
 @dataclass

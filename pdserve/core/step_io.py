@@ -22,6 +22,12 @@ class SeqSlice:
     (a non-final chunk of a chunked prefill sets it False). `suppress_token_ids` are masked
     before sampling (EOS and stop tokens while min_tokens is not reached).
 
+    With speculative decoding the last `num_drafts` of `token_ids` are draft tokens: the runner
+    verifies them in this one forward and returns every token it emits for the request (the
+    accepted drafts, then one corrected or bonus token) in `StepOutput.emitted`.
+    `suppress_token_ids` then applies to every verified position (the scheduler proposes no
+    draft that would cross the min_tokens boundary).
+
     Treat it as immutable (it hashes by value). Not frozen: a frozen dataclass pays an
     object.__setattr__ per field at construction, and a step builds one slice per sequence.
     """
@@ -33,6 +39,7 @@ class SeqSlice:
     sampling: SamplingParams
     sample: bool = True
     suppress_token_ids: tuple[int, ...] = ()
+    num_drafts: int = 0
 
     @property
     def end_pos(self) -> int:
@@ -50,6 +57,10 @@ class StepInput:
 
 @dataclass(frozen=True)
 class StepOutput:
-    """Sampled token per request id, for the slices that asked for one."""
+    """Sampled token per request id, for the slices that asked for one.
+
+    A slice with drafts is in `emitted` instead: its 1..num_drafts+1 tokens, in order.
+    """
 
     sampled: dict[str, int] = field(default_factory=dict)
+    emitted: dict[str, tuple[int, ...]] = field(default_factory=dict)

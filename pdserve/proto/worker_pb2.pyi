@@ -152,7 +152,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerStats(_message.Message):
-    __slots__ = ("role", "free_blocks", "total_blocks", "running", "waiting", "queued_tokens", "layout", "model", "max_model_len", "prefix_cache_hits", "preemptions", "kv_received_blocks", "kv_received_bytes")
+    __slots__ = ("role", "free_blocks", "total_blocks", "running", "waiting", "queued_tokens", "layout", "model", "max_model_len", "prefix_cache_hits", "preemptions", "kv_received_blocks", "kv_received_bytes", "engine_steps", "spec_num_drafts", "spec_draft_tokens", "spec_accepted_tokens", "spec_accepted_per_pos")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -166,6 +166,11 @@ class WorkerStats(_message.Message):
     PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
     KV_RECEIVED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     KV_RECEIVED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_STEPS_FIELD_NUMBER: _ClassVar[int]
+    SPEC_NUM_DRAFTS_FIELD_NUMBER: _ClassVar[int]
+    SPEC_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SPEC_ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SPEC_ACCEPTED_PER_POS_FIELD_NUMBER: _ClassVar[int]
     role: str
     free_blocks: int
     total_blocks: int
@@ -179,4 +184,9 @@ class WorkerStats(_message.Message):
     preemptions: int
     kv_received_blocks: int
     kv_received_bytes: int
-    def __init__(self, role: _Optional[str] = ..., free_blocks: _Optional[int] = ..., total_blocks: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., queued_tokens: _Optional[int] = ..., layout: _Optional[_Union[_kv_pb2.KvLayout, _Mapping]] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., preemptions: _Optional[int] = ..., kv_received_blocks: _Optional[int] = ..., kv_received_bytes: _Optional[int] = ...) -> None: ...
+    engine_steps: int
+    spec_num_drafts: int
+    spec_draft_tokens: int
+    spec_accepted_tokens: int
+    spec_accepted_per_pos: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, role: _Optional[str] = ..., free_blocks: _Optional[int] = ..., total_blocks: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., queued_tokens: _Optional[int] = ..., layout: _Optional[_Union[_kv_pb2.KvLayout, _Mapping]] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., preemptions: _Optional[int] = ..., kv_received_blocks: _Optional[int] = ..., kv_received_bytes: _Optional[int] = ..., engine_steps: _Optional[int] = ..., spec_num_drafts: _Optional[int] = ..., spec_draft_tokens: _Optional[int] = ..., spec_accepted_tokens: _Optional[int] = ..., spec_accepted_per_pos: _Optional[_Iterable[int]] = ...) -> None: ...

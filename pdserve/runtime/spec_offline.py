@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pdserve.core.request import Sequence as Seq
 from pdserve.core.sampling import SamplingParams
+from pdserve.core.spec_schedule import draft_limit
 from pdserve.core.speculative import NgramProposer, SpecStats, SpeculativeConfig
 from pdserve.core.step_io import SeqSlice, StepInput
 from pdserve.runtime.offline import _allocate
 from pdserve.runtime.runner import ModelRunner
-from pdserve.runtime.spec_step import SpecSlice, execute_speculative
+from pdserve.runtime.spec_step import execute_speculative
 
 
 def generate_speculative(
@@ -45,11 +47,12 @@ def generate_speculative(
         _emit(outs[int(i)], props[int(i)], [t], params, stops)
     live = [i for i in range(len(prompts)) if not _done(outs[i], params, stops)]
     while live:
-        slices = [_spec_slice(i, prompts[i], outs[i], props[i], tables[i], params, suppress)
-                  for i in live]
-        emitted = execute_speculative(runner, slices)
+        slices = [_spec_slice(i, prompts[i], outs[i], props[i], tables[i], params, suppress, k,
+                              runner.max_model_len) for i in live]
+        out = execute_speculative(runner, StepInput(tuple(slices)))
         for s in slices:
-            i, toks = int(s.slice.request_id), emitted[s.slice.request_id]
+            i = int(s.request_id)
+            toks = out.emitted[s.request_id] if s.num_drafts else (out.sampled[s.request_id],)
             accepted = len(toks) - 1
             props[i].feedback(s.num_drafts, accepted)
             stats.record(s.num_drafts, accepted)
@@ -60,14 +63,14 @@ def generate_speculative(
 
 def _spec_slice(
     i: int, prompt: list[int], out: list[int], prop: NgramProposer, table: tuple[int, ...],
-    params: SamplingParams, suppress: tuple[int, ...],
-) -> SpecSlice:
-    """Last token + drafts (never more than the tokens still allowed after this step's one)."""
-    drafts = prop.propose(limit=params.max_tokens - len(out) - 1)
+    params: SamplingParams, suppress: tuple[int, ...], k: int, max_len: int,
+) -> SeqSlice:
+    """Last token + drafts, bounded as in the serving scheduler (core/spec_schedule.py)."""
+    limit = draft_limit(Seq(str(i), prompt, params, output_ids=out), k, max_len)
+    drafts = prop.propose(limit=limit)
     start = len(prompt) + len(out) - 1
-    rows = tuple(suppress if len(out) + r < params.min_tokens else () for r in range(len(drafts) + 1))
-    sl = SeqSlice(str(i), (out[-1], *drafts), start, table, params, True, rows[0])
-    return SpecSlice(sl, len(drafts), rows)
+    rows = suppress if len(out) < params.min_tokens else ()
+    return SeqSlice(str(i), (out[-1], *drafts), start, table, params, True, rows, len(drafts))
 
 
 def _emit(out: list[int], prop: NgramProposer, toks: list[int], params: SamplingParams,

@@ -1,59 +1,64 @@
-"""One speculative decode step: every sequence's last token plus its drafts in one forward.
+"""One speculative step: every sequence's last token plus its drafts in one forward.
 
-The slices go through the runner's varlen (prefill-style) path, which already attends several
-query tokens per sequence over the paged cache; logits are computed at every position and
-verified per sequence (runtime/spec_verify.py). KV written for rejected drafts is garbage past
-the sequence's new length and is overwritten when those positions are computed again. A step
-without any draft takes the runner's ordinary decode path (CUDA graphs included).
+Slices with drafts (`SeqSlice.num_drafts`) go through the runner's varlen (prefill-style)
+attention, which already attends several query tokens per sequence over the paged cache
+(kernels.reference on CPU, the Triton prefill kernel on CUDA); logits are computed only for
+each sampled slice's last 1 + num_drafts positions and verified per sequence
+(runtime/spec_verify.py). Slices without drafts are sampled in the same forward. KV written
+for rejected drafts lies past the sequence's new length and is overwritten when those
+positions are computed again. A step without any draft takes the runner's ordinary path, so
+CUDA graphs still serve it; verify steps run eager.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
 import torch
 
-from pdserve.core.step_io import SeqSlice, StepInput
+from pdserve.core.step_io import SeqSlice, StepInput, StepOutput
+from pdserve.runtime.loop import LayerHook
 from pdserve.runtime.runner import ModelRunner
-from pdserve.runtime.spec_verify import verify_drafts
+from pdserve.runtime.spec_verify import verify_step
 
 
-@dataclass(frozen=True)
-class SpecSlice:
-    """A decode slice whose token_ids are (last token, *drafts); suppress[i] masks row i."""
+class SpeculativeRunner:
+    """The engine loop's runner on a worker with --speculative-config: verifies drafts."""
 
-    slice: SeqSlice
-    num_drafts: int
-    suppress: tuple[tuple[int, ...], ...]
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner = runner
 
-    @property
-    def drafts(self) -> tuple[int, ...]:
-        return self.slice.token_ids[len(self.slice.token_ids) - self.num_drafts :]
+    def execute(self, step: StepInput, layer_hook: LayerHook | None = None) -> StepOutput:
+        for s in step.seqs:
+            if s.num_drafts:
+                if layer_hook is not None:
+                    raise ValueError("a speculative step cannot push KV layer by layer")
+                return execute_speculative(self.runner, step)
+        return self.runner.execute(step, layer_hook)
 
 
 @torch.inference_mode()
-def execute_speculative(runner: ModelRunner, seqs: list[SpecSlice]) -> dict[str, list[int]]:
-    """Run one step; returns the tokens each request emits (accepted drafts + one more)."""
-    if not seqs:
-        return {}
-    step = StepInput(tuple(s.slice for s in seqs))
-    if all(s.num_drafts == 0 for s in seqs):
-        sampled = runner.execute(step).sampled
-        return {rid: [t] for rid, t in sampled.items()}
+def execute_speculative(runner: ModelRunner, step: StepInput) -> StepOutput:
+    """Run one step that may carry drafts; verified tokens come back in StepOutput.emitted."""
+    if not step.seqs:
+        return StepOutput()
+    if not any(s.num_drafts for s in step.seqs):
+        return runner.execute(step)
     runner.check(step)
+    rows: list[int] = []
+    owned: list[tuple[SeqSlice, int]] = []
+    end = 0
+    for s in step.seqs:
+        end += len(s.token_ids)
+        if s.num_drafts and (not s.sample or s.num_drafts >= len(s.token_ids)):
+            raise ValueError(f"{s.request_id}: num_drafts {s.num_drafts} needs a sampled slice "
+                             f"with more tokens than drafts")
+        if s.sample:
+            owned.append((s, len(rows)))
+            rows.extend(range(end - s.num_drafts - 1, end))
     ids, positions, meta = runner._prepare(step.seqs)
-    meta = dataclasses.replace(meta, logits_indices=None, is_decode=False)
+    idx = torch.tensor(rows, dtype=torch.int64).to(runner.device, non_blocking=True)
+    meta = dataclasses.replace(meta, logits_indices=idx, is_decode=False)
     hidden = runner.model.forward(ids, positions, meta, runner.kv_pool)
     logits = runner.model.compute_logits(hidden)
-    out: dict[str, list[int]] = {}
-    row = 0
-    for s in seqs:
-        n = len(s.slice.token_ids)
-        last = s.slice.end_pos - 1 - s.num_drafts  # rows of the last token and the drafts
-        rows = logits[row + n - 1 - s.num_drafts : row + n]
-        out[s.slice.request_id] = verify_drafts(
-            rows, s.drafts, s.slice.sampling, last + 1, s.suppress, runner.generator
-        )
-        row += n
-    return out
+    return verify_step(logits, owned, runner.generator)

@@ -4,6 +4,8 @@ For a point-mass draft d (n-gram lookup), the standard rule accept-with-min(1, p
 accept with probability p(d); on rejection the token is drawn from the residual max(p - q, 0)
 renormalised, i.e. p with d removed. Greedy requests accept while the draft equals the argmax.
 Seeded requests draw position p's uniform and residual from position_seed(seed, p).
+`verify_step` does this for a whole serving step: slices without drafts are sampled as usual
+and every greedy row is decided by one batched argmax (one device sync per step).
 """
 
 from __future__ import annotations
@@ -13,7 +15,47 @@ from collections.abc import Sequence
 import torch
 
 from pdserve.core.sampling import SamplingParams
-from pdserve.runtime.sampler import position_seed, token_probs
+from pdserve.core.step_io import SeqSlice, StepOutput
+from pdserve.runtime.sampler import position_seed, sample_tokens, token_probs
+
+
+def verify_step(
+    logits: torch.Tensor, seqs: Sequence[tuple[SeqSlice, int]], generator: torch.Generator | None
+) -> StepOutput:
+    """Tokens of one step whose logits rows were computed for the sampled slices only.
+
+    seqs: (slice, first row); a slice owns rows first .. first + num_drafts (row i predicts
+    position end_pos - num_drafts + i). Slices with drafts land in StepOutput.emitted.
+    """
+    batched: list[tuple[SeqSlice, int, int]] = []  # (slice, first row, rows): one sampler call
+    rows: list[int] = []
+    emitted: dict[str, tuple[int, ...]] = {}
+    for sl, first in seqs:
+        n = sl.num_drafts + 1
+        if sl.num_drafts and not sl.sampling.greedy:
+            drafts = sl.token_ids[len(sl.token_ids) - sl.num_drafts :]
+            emitted[sl.request_id] = tuple(verify_drafts(
+                logits[first : first + n], drafts, sl.sampling, sl.end_pos - sl.num_drafts,
+                (sl.suppress_token_ids,) * n, generator,
+            ))
+            continue
+        batched.append((sl, len(rows), n))
+        rows.extend(range(first, first + n))
+    if not batched:
+        return StepOutput(emitted=emitted)
+    per_row = [(sl, sl.end_pos - n + 1 + i) for sl, _, n in batched for i in range(n)]
+    tokens = sample_tokens(
+        logits[rows], [sl.sampling for sl, _ in per_row], [pos for _, pos in per_row],
+        [sl.suppress_token_ids for sl, _ in per_row], generator,
+    )
+    sampled: dict[str, int] = {}
+    for sl, at, n in batched:
+        if sl.num_drafts:
+            drafts = sl.token_ids[len(sl.token_ids) - sl.num_drafts :]
+            emitted[sl.request_id] = tuple(accept_greedy(tokens[at : at + n], drafts))
+        else:
+            sampled[sl.request_id] = tokens[at]
+    return StepOutput(sampled=sampled, emitted=emitted)
 
 
 def verify_drafts(
@@ -34,7 +76,7 @@ def verify_drafts(
         if ids:
             logits[i, list(ids)] = float("-inf")
     if params.greedy:
-        return _verify_greedy(logits, drafts)
+        return accept_greedy(logits.argmax(dim=-1).tolist(), drafts)
     probs = token_probs(logits, [params] * logits.shape[0])
     out: list[int] = []
     for i, d in enumerate(drafts):
@@ -52,8 +94,8 @@ def verify_drafts(
     return out
 
 
-def _verify_greedy(logits: torch.Tensor, drafts: Sequence[int]) -> list[int]:
-    target = logits.argmax(dim=-1).tolist()
+def accept_greedy(target: Sequence[int], drafts: Sequence[int]) -> list[int]:
+    """The longest prefix of drafts matching target, then target's next token."""
     out: list[int] = []
     for i, d in enumerate(drafts):
         if target[i] != d:

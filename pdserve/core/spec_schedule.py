@@ -1,0 +1,80 @@
+"""Speculative decoding in the serving scheduler (pure Python): the drafts of a decode step.
+
+Each step, a running sequence may carry up to K n-gram drafts after its last token (one slice
+of 1 + K tokens; `SeqSlice.num_drafts`). The planner bounds them so that a verify never runs
+past max_tokens or max_model_len, never straddles the min_tokens boundary (a slice's
+suppressed ids then hold for every verified position) and fits the step's token budget. Draft
+positions get KV slots: the blocks the sequence already holds, plus new ones only while enough
+stay free for every running sequence to grow by one (speculation never causes a preemption
+that plain decoding would not). After the verify, the scheduler frees the blocks that only
+rejected drafts used.
+"""
+
+from __future__ import annotations
+
+from pdserve.core.block_manager import BlockManager
+from pdserve.core.request import Sequence
+from pdserve.core.speculative import NgramProposer, SpecStats, SpeculativeConfig
+
+
+def draft_limit(seq: Sequence, k: int, max_model_len: int) -> int:
+    """Most drafts seq may verify now: every verified position could be emitted."""
+    n_out, p = len(seq.output_ids), seq.params
+    limit = min(k, p.max_tokens - n_out - 1, max_model_len - len(seq) - 1)
+    if n_out < p.min_tokens:  # stay below the boundary: suppression is uniform over the slice
+        limit = min(limit, p.min_tokens - n_out - 1)
+    return max(limit, 0)
+
+
+class DraftPlanner:
+    """Per-sequence n-gram proposers of one scheduler, and the worker's acceptance counters."""
+
+    def __init__(self, cfg: SpeculativeConfig, max_model_len: int) -> None:
+        self.cfg = cfg
+        self.max_model_len = max_model_len
+        self.stats = SpecStats()
+        self._props: dict[str, NgramProposer] = {}
+
+    def drafts(self, seq: Sequence, budget: int, blocks: BlockManager, reserve: int) -> tuple[int, ...]:
+        """Drafts to verify after seq's last token (blocks already cover len(seq) tokens).
+
+        budget: tokens left in this step (the last token included); reserve: free blocks to
+        leave for the other running sequences. May extend seq.block_table.
+        """
+        limit = min(draft_limit(seq, self.cfg.num_speculative_tokens, self.max_model_len), budget - 1)
+        if limit <= 0:
+            return ()
+        drafts = self._proposer(seq).propose(limit)
+        if not drafts:
+            return ()
+        n, table = len(seq), seq.block_table
+        room = len(table) * blocks.block_size - n
+        if len(drafts) > room:
+            need = blocks.blocks_for(n + len(drafts)) - len(table)
+            if blocks.num_free - need >= reserve:
+                table += blocks.allocate(need)
+            else:
+                drafts = drafts[:room]
+        return tuple(drafts)
+
+    def verified(self, request_id: str, num_drafts: int, accepted: int) -> None:
+        """Record a verify result (stats and the proposer's back-off)."""
+        self.stats.record(num_drafts, accepted)
+        prop = self._props.get(request_id)
+        if prop is not None:
+            prop.feedback(num_drafts, accepted)
+
+    def forget(self, request_id: str) -> None:
+        """The request finished or was aborted."""
+        self._props.pop(request_id, None)
+
+    def _proposer(self, seq: Sequence) -> NgramProposer:
+        """seq's proposer, brought up to date with the tokens emitted since its last use."""
+        prop = self._props.get(seq.request_id)
+        if prop is None:
+            prop = self._props[seq.request_id] = NgramProposer(self.cfg)
+            prop.extend(seq.prompt_ids)
+        seen = len(prop.tokens) - len(seq.prompt_ids)
+        if seen < len(seq.output_ids):
+            prop.extend(seq.output_ids[seen:])
+        return prop

@@ -1,0 +1,107 @@
+"""n-gram speculative decoding in the serving decode worker (real processes, default model).
+
+Greedy tokens with --speculative-config equal the single-process engine's plain greedy tokens,
+on prompts that repeat text (so drafts get accepted), with fewer decode steps than tokens;
+stop tokens and max_tokens are honoured; GetStats and Prometheus report acceptance.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import pytest
+
+from pdserve.core.sampling import SamplingParams
+from pdserve.launch import Stack, free_port
+from pdserve.proto import gateway_pb2
+from pdserve.runtime.offline import generate
+from pdtest.stack import assert_no_leaks, pool_stats
+
+pytestmark = pytest.mark.slow
+
+SPEC = json.dumps({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
+                   "prompt_lookup_min": 1})
+PROMPT = ("Repeat the list.\nList: apples, bananas, cherries, dates, elderberries, figs, grapes.\n"
+          "Repeat: apples, bananas, cherries, dates, elderberries, figs, grapes.\n"
+          "List: red, orange, yellow, green, blue, indigo, violet.\nRepeat:")
+MAX_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def reference(offline_runner, default_model_dir) -> tuple[list[int], list[int]]:
+    """Prompt ids and the single-process engine's plain greedy tokens (no speculation)."""
+    from gateway.tokenizer import load_tokenizer
+
+    ids = load_tokenizer(default_model_dir)(PROMPT)["input_ids"]
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    return ids, generate(offline_runner, [ids], params)[0]
+
+
+def spec_stack(model_dir, colocated: bool, metrics_port: int = 0) -> Stack:
+    decode = ["--speculative-config", SPEC, "--lease-ms", "5000"]
+    if metrics_port:
+        decode += ["--metrics-port", str(metrics_port)]
+    return Stack(model=str(model_dir), worker_args=["--max-model-len", "512"],
+                 gateway_args=["--max-model-len", "512"], decode_args=decode, colocated=colocated)
+
+
+def check_greedy_run(stack: Stack, role: str, reference) -> None:
+    """One greedy request: same tokens as plain decoding, drafts accepted, fewer steps than tokens."""
+    from pdserve.client import Client
+
+    ids, want = reference
+    before = pool_stats(stack.workers[role], role)
+    with Client(stack.gateway) as c:
+        _, got, done = c.generate(token_ids=ids, max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    after = pool_stats(stack.workers[role], role)
+    assert got == want
+    assert done.finish_reason == gateway_pb2.FINISH_REASON_LENGTH
+    accepted = after.spec_accepted_tokens - before.spec_accepted_tokens
+    steps = after.engine_steps - before.engine_steps  # colocated: the prefill step included
+    assert accepted > 0, after
+    assert steps < MAX_TOKENS - 1, (steps, accepted)
+    assert after.spec_draft_tokens - before.spec_draft_tokens >= accepted
+    assert sum(after.spec_accepted_per_pos) == after.spec_accepted_tokens
+
+
+def test_disaggregated(default_model_dir, reference) -> None:
+    port = free_port()
+    with spec_stack(default_model_dir, colocated=False, metrics_port=port) as st:
+        check_greedy_run(st, "decode", reference)
+        ids, want = reference
+        from pdserve.client import Client
+
+        with Client(st.gateway) as c:
+            # max_tokens in the middle of what drafts would cover
+            _, got, done = c.generate(token_ids=ids, max_tokens=7, temperature=0.0, ignore_eos=True)
+            assert got == want[:7] and done.finish_reason == gateway_pb2.FINISH_REASON_LENGTH
+            # a stop token first emitted late in the repeating part (where drafts are accepted)
+            j = max(i for i in range(1, len(want)) if want[i] not in want[:i])
+            _, got, done = c.generate(token_ids=ids, max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True,
+                                      stop_token_ids=[want[j]])
+            assert got == want[: j + 1] and done.finish_reason == gateway_pb2.FINISH_REASON_STOP
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        stats = pool_stats(st.workers["decode"], "decode")
+        assert f"pdserve:spec_decode_num_accepted_tokens_total {float(stats.spec_accepted_tokens)}" in text
+        assert f"pdserve:spec_decode_num_draft_tokens_total {float(stats.spec_draft_tokens)}" in text
+        assert 'pdserve:spec_decode_num_accepted_tokens_per_pos_total{position="0"}' in text
+        assert "pdserve:spec_decode_num_drafts_total" in text
+        assert_no_leaks(st)
+
+
+def test_colocated(default_model_dir, reference) -> None:
+    with spec_stack(default_model_dir, colocated=True) as st:
+        check_greedy_run(st, "colocated", reference)
+        assert_no_leaks(st)
+
+
+def test_bad_config_refused_at_startup() -> None:
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "decode_service", "--port", str(free_port()),
+           "--speculative-config", '{"num_speculative_tokenz": 4}']
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "--speculative-config" in out.stderr and "'num_speculative_tokenz'" in out.stderr, out.stderr
