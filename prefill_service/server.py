@@ -28,10 +28,13 @@ class PrefillServicer(worker_pb2_grpc.PrefillWorkerServicer):
 
     async def Prefill(self, request: worker_pb2.PrefillRequest, context: grpc.aio.ServicerContext) -> worker_pb2.PrefillResponse:
         prompt = list(request.prompt_token_ids)
+        try:
+            params = sampling_from_wire(request.sampling)
+        except ValueError as e:  # ValidationError names the field
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"sampling.{e}")
         error = self._check(request, prompt)
         if error:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, error)
-        params = sampling_from_wire(request.sampling)
         t = request.target
         target = KvTargetSpec(t.request_id, tuple(t.block_ids), t.address, t.layout.hash, t.backend)
         remaining = context.time_remaining()

@@ -64,3 +64,17 @@ def test_invalid_utf8_names_field(stack, client, field, request_kw):
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert err.value.details().startswith(field), err.value.details()
     assert client.generate(text="Hi", max_tokens=2, temperature=0.0)[1]
+
+
+def test_prefill_worker_names_a_bad_sampling_field(stack):
+    """A worker called directly (not through the gateway) also answers INVALID_ARGUMENT."""
+    from pdserve.proto import worker_pb2, worker_pb2_grpc
+
+    with grpc.insecure_channel(stack.workers["prefill"]) as ch:
+        with pytest.raises(grpc.RpcError) as err:
+            worker_pb2_grpc.PrefillWorkerStub(ch).Prefill(worker_pb2.PrefillRequest(
+                request_id="bad-sampling", prompt_token_ids=[1, 2, 3],
+                sampling=worker_pb2.WorkerSampling(temperature=-1.0, top_p=1.0, top_k=-1, max_tokens=4)),
+                timeout=10)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details().startswith("sampling.temperature"), err.value.details()

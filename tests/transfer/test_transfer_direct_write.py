@@ -197,7 +197,8 @@ def test_decode_engine_keeps_aborted_blocks_until_the_writer_released(rig: Rig) 
     blocks = BlockManager(32, rig.layout.block_size)
     loop = EngineLoop(Scheduler(SchedulerConfig(), blocks), FakeRunner(rig.layout.block_size))
     engine = DecodeEngine(loop, rig.receiver, eos_ids=(0,), lease_s=30.0)
-    reserved = engine.reserve("r1", 4 * rig.layout.block_size)
+    reserved, cached = engine.reserve("r1", 4 * rig.layout.block_size)
+    assert cached == 0
     target = KvTargetSpec("r1", tuple(reserved), rig.server.address, rig.layout.compat_hash(), "cuda_ipc")
     handle = _IpcSendHandle(target, rig.src, rig.layout, kv_pb2_grpc.KvTransferStub(rig.channel),
                             30.0, rig.dst, rig.copier, attach_timeout=5.0)
