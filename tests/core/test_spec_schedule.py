@@ -18,24 +18,22 @@ from pdserve.core.scheduler import Scheduler, SchedulerConfig
 from pdserve.core.spec_schedule import DraftPlanner, draft_limit
 from pdserve.core.speculative import SpeculativeConfig
 from pdserve.core.step_io import StepInput, StepOutput
+from pdtest.fake_runner import FakeRunner
 
 VOCAB = 13
 EOS = 12
 
 
-class RuleRunner:
+class RuleRunner(FakeRunner):
     """Greedy 'model': next = (2a + b) mod VOCAB of the last two cached tokens; verifies drafts."""
 
     def __init__(self, block_size: int) -> None:
-        self.block_size = block_size
-        self.cache: dict[tuple[int, int], tuple[int, int]] = {}  # slot -> (position, token)
+        super().__init__(block_size, VOCAB)
 
     def execute(self, step: StepInput, layer_hook=None) -> StepOutput:
         sampled, emitted = {}, {}
         for sl in step.seqs:
-            for i, tok in enumerate(sl.token_ids):
-                pos = sl.start_pos + i
-                self.cache[self._slot(sl.block_table, pos)] = (pos, tok)
+            self._write(sl)
             if not sl.sample:
                 continue
             first = sl.end_pos - sl.num_drafts  # position predicted by the first row
@@ -58,14 +56,6 @@ class RuleRunner:
         tok = (2 * a + b) % VOCAB
         while tok in suppress:
             tok = (tok + 1) % VOCAB
-        return tok
-
-    def _slot(self, table: tuple[int, ...], pos: int) -> tuple[int, int]:
-        return table[pos // self.block_size], pos % self.block_size
-
-    def _read(self, table: tuple[int, ...], pos: int) -> int:
-        got_pos, tok = self.cache[self._slot(table, pos)]
-        assert got_pos == pos, f"slot for position {pos} holds position {got_pos}"
         return tok
 
 

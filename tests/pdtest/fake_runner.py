@@ -20,9 +20,7 @@ class FakeRunner:
         self.steps.append(step)
         out = {}
         for sl in step.seqs:
-            for i, tok in enumerate(sl.token_ids):
-                pos = sl.start_pos + i
-                self.cache[self._slot(sl.block_table, pos)] = (pos, tok)
+            self._write(sl)
             if sl.sample:
                 history = [self._read(sl.block_table, p) for p in range(sl.end_pos)]
                 tok = hash(tuple(history)) % self.vocab
@@ -30,6 +28,12 @@ class FakeRunner:
                     tok = (tok + 1) % self.vocab
                 out[sl.request_id] = tok
         return StepOutput(out)
+
+    def _write(self, sl) -> None:
+        """Store the slice's input tokens in its slots, as a forward writes their KV."""
+        for i, tok in enumerate(sl.token_ids):
+            pos = sl.start_pos + i
+            self.cache[self._slot(sl.block_table, pos)] = (pos, tok)
 
     def _slot(self, table: tuple[int, ...], pos: int) -> tuple[int, int]:
         return table[pos // self.block_size], pos % self.block_size
