@@ -72,6 +72,28 @@ def bench_decode(seqs: int, context: int, copy_gbs: float) -> list[dict]:
     return rows
 
 
+def bench_decode_quant(seqs: int, context: int, copy_gbs: float, kv: str = "fp8_e4m3") -> list[dict]:
+    """The default-heuristic decode over a quantized pool (values + per-token scales), same shape."""
+    from pdserve.model.spec import ModelSpec
+    from pdserve.runtime.kv_quant import allocate_quant_pool, layer_views
+
+    spec = ModelSpec.from_config_dict(dict(model_type="llama", hidden_size=HQ * D, intermediate_size=64,
+                                           num_hidden_layers=1, num_attention_heads=HQ,
+                                           num_key_value_heads=HK, vocab_size=128))
+    need = triton.cdiv(context, S)
+    pool = allocate_quant_pool(spec, seqs * need, S, kv, "cuda")
+    pool.view(torch.uint8).random_(0, 120)  # finite fp8 values, positive scales
+    kc, vc, ks, vs = layer_views(pool, 0, D)
+    tables = torch.randperm(seqs * need, device="cuda").int().view(seqs, need)
+    lens = torch.full((seqs,), context, dtype=torch.int32, device="cuda")
+    q = torch.randn(seqs, HQ, D, dtype=DTYPE, device="cuda")
+    ms = _ms(lambda: paged_decode_attention(q, kc, vc, tables, lens, D**-0.5, ks, vs))
+    kv_bytes = seqs * context * HK * (D + 4) * 2
+    gbs = kv_bytes / (ms * 1e-3) / 1e9
+    return [{"op": "decode", "variant": f"auto {kv}", "seqs": seqs, "context": context, "ms": ms,
+             "gb_s": gbs, "frac_of_copy": gbs / copy_gbs}]
+
+
 def _causal_flops(new: int, prefix: int) -> float:
     """QK^T and PV FLOPs of causal attention of `new` queries after `prefix` cached tokens."""
     keys = new * prefix + new * (new + 1) / 2
@@ -139,6 +161,8 @@ def main() -> None:
     copy_gbs = copy_bandwidth_gbs()
     print(f"device copy bandwidth: {copy_gbs:.0f} GB/s (read + write)")
     rows = bench_decode(args.seqs, args.context, copy_gbs)
+    rows += bench_decode_quant(args.seqs, args.context, copy_gbs)
+    rows += bench_decode(256, args.context, copy_gbs)[:1] + bench_decode_quant(256, args.context, copy_gbs)
     rows += bench_prefill(args.prefill_tokens, 0)
     rows += bench_prefill(args.prefill_tokens, args.prefill_tokens)
     _print_table(rows)

@@ -19,18 +19,23 @@ def test_tiny_run_writes_every_key(tmp_path: Path) -> None:
                           env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     res = json.loads(out.read_text())
-    for key in ("device", "date", "commit", "torch", "layout", "tokens", "copy_GBps", "targets",
-                "transfer", "ttft"):
+    for key in ("device", "gpu", "date", "commit", "torch", "layouts", "tokens", "copy_GBps", "targets",
+                "transfer", "ttft", "overlap_added_ttft_ratio", "no_overlap_added_ttft_ratio"):
         assert key in res, key
     assert res["copy_GBps"] > 0
-    per_len = res["transfer"]["tcp"]
+    layout = res["layouts"][0]
+    per_len = res["transfer"]["tcp"][layout["model"]]
     assert set(per_len) == {"64", "256"}
+    assert {k: res["transfer"]["tcp"][k] for k in per_len} == per_len  # first layout also at top level
     for n_tok, row in per_len.items():
-        want_bytes = 2 * res["layout"]["num_layers"] * int(n_tok) * res["layout"]["num_kv_heads"] \
-            * res["layout"]["head_dim"] * 4  # K and V, float32
+        want_bytes = 2 * layout["num_layers"] * int(n_tok) * layout["num_kv_heads"] \
+            * layout["head_dim"] * 4  # K and V, float32
         assert row["bytes"] == want_bytes
         assert row["GBps"] > 0 and row["seconds"] > 0
         assert row["ratio_to_copy"] == row["GBps"] / res["copy_GBps"]
     ttft = res["ttft"]["tcp"]["64"]
     assert ttft["ttft_ms_no_transfer"] > 0 and ttft["ttft_ms_with_transfer"] > 0
     assert abs(ttft["added_ratio"] - (ttft["ttft_ms_with_transfer"] / ttft["ttft_ms_no_transfer"] - 1)) < 1e-9
+    assert ttft["ttft_ms_transfer_after_prefill"] > ttft["ttft_ms_no_transfer"]
+    assert res["overlap_added_ttft_ratio"] == {"64": ttft["added_ratio"]}
+    assert res["no_overlap_added_ttft_ratio"] == {"64": ttft["added_ratio_no_overlap"]}

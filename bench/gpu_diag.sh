@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One device call (one GPU): every gpu-marked test, then the cuda_ipc transfer benchmark, KV
+# quantization, a decode-step kernel profile and the kernel micro-benchmarks; files to $OUT.
+# Usage on the GPU machine: bash bench/gpu_diag.sh   (each part has its own time limit)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-.}"
+if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit
+    export PYTHONPATH=/tmp/site:$PWD
+else
+    export PYTHONPATH=$PWD
+fi
+export PYTHONUNBUFFERED=1
+unset TRITON_INTERPRET
+part() {  # part NAME SECONDS CMD...: run with a time limit, log to $OUT/NAME.log, print its tail
+    local name=$1 secs=$2; shift 2
+    local t0=$SECONDS
+    timeout "$secs" "$@" > "$OUT/$name.log" 2>&1
+    echo "== $name rc $? in $((SECONDS - t0)) s"
+    grep -v -i warn "$OUT/$name.log" | tail -"${TAIL:-25}"
+}
+nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader
+TAIL=25 part transfer "${T_TRANSFER:-170}" python3 bench/transfer.py --backends cuda_ipc --reps 3 --out "$OUT/transfer.json"
+TAIL=12 part gpu_tests "${T_TESTS:-200}" python3 -m pytest -q -m gpu -p no:cacheprovider tests
+TAIL=20 part kvquant "${T_KVQ:-90}" python3 bench/kvquant.py --out "$OUT/kvquant.json"
+TAIL=40 part profile "${T_PROF:-80}" python3 bench/profile_decode.py --out "$OUT/profile.json"
+TAIL=14 part kernels "${T_KERN:-50}" python3 bench/kernel_bench.py --out "$OUT/kernels.json"
