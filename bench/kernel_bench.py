@@ -19,7 +19,7 @@ import torch
 import triton
 from triton.testing import do_bench
 
-from kernels.decode_attention import decode_with_partitions, paged_decode_attention
+from kernels.decode_attention import decode_with_partitions, default_partition_size, paged_decode_attention
 from kernels.prefill_attention import paged_prefill_attention
 
 HQ, HK, D, S = 32, 8, 128, 16
@@ -87,11 +87,19 @@ def bench_decode_quant(seqs: int, context: int, copy_gbs: float, kv: str = "fp8_
     tables = torch.randperm(seqs * need, device="cuda").int().view(seqs, need)
     lens = torch.full((seqs,), context, dtype=torch.int32, device="cuda")
     q = torch.randn(seqs, HQ, D, dtype=DTYPE, device="cuda")
-    ms = _ms(lambda: paged_decode_attention(q, kc, vc, tables, lens, D**-0.5, ks, vs))
     kv_bytes = seqs * context * HK * (D + 4) * 2
-    gbs = kv_bytes / (ms * 1e-3) / 1e9
-    return [{"op": "decode", "variant": f"auto {kv}", "seqs": seqs, "context": context, "ms": ms,
-             "gb_s": gbs, "frac_of_copy": gbs / copy_gbs}]
+    part = default_partition_size(seqs, HK, context, q.device)
+    variants = [("auto", lambda: paged_decode_attention(q, kc, vc, tables, lens, D**-0.5, ks, vs))]
+    for bn, warps in ((128, 4), (64, 8), (128, 8), (32, 4)):
+        variants.append((f"block_n={bn} warps={warps}", lambda bn=bn, w=warps: decode_with_partitions(
+            q, kc, vc, tables, lens, D**-0.5, part, ks, vs, block_n=bn, num_warps=w)))
+    rows = []
+    for name, fn in variants:
+        ms = _ms(fn)
+        gbs = kv_bytes / (ms * 1e-3) / 1e9
+        rows.append({"op": "decode", "variant": f"{name} {kv}", "seqs": seqs, "context": context, "ms": ms,
+                     "gb_s": gbs, "frac_of_copy": gbs / copy_gbs})
+    return rows
 
 
 def _causal_flops(new: int, prefix: int) -> float:

@@ -12,10 +12,27 @@ import triton.language as tl
 
 
 @triton.jit
-def kv_token_offsets(bt_row, t, tmask, stride_cn, slot_stride, S: tl.constexpr):
-    """Element offsets (int64) of tokens t of one sequence inside a paged cache view."""
+def paged_offsets(bt_row, t, tmask, stride_cn, stride_cs, kvh, stride_sn, stride_ss, stride_sh,
+                  S: tl.constexpr, QUANT: tl.constexpr):
+    """Element offsets (int64) of tokens t of one sequence inside a paged cache view, and of
+    their float32 scales (KV head kvh) when QUANT (else the same offsets); one table lookup."""
     page = tl.load(bt_row + t // S, mask=tmask, other=0).to(tl.int64)
-    return page * stride_cn + (t % S).to(tl.int64) * slot_stride
+    slot = (t % S).to(tl.int64)
+    tok_off = page * stride_cn + slot * stride_cs
+    sc_off = tok_off
+    if QUANT:
+        sc_off = page * stride_sn + slot * stride_ss + kvh * stride_sh
+    return tok_off, sc_off
+
+
+@triton.jit
+def query_for(q, QUANT: tl.constexpr, DOT_F32: tl.constexpr):
+    """The query as the dots take it: over a quantized cache, bf16 queries become fp16, since
+    fp8/int8 convert to fp16 in one instruction (bf16 would go through fp32); fp16 holds the
+    upcast tiles exactly and queries far inside its range."""
+    if QUANT and not DOT_F32 and q.dtype == tl.bfloat16:
+        q = q.to(tl.float16)
+    return q
 
 
 @triton.jit
@@ -27,12 +44,6 @@ def mm(a, b, PRECISION: tl.constexpr, DOT_F32: tl.constexpr):
     else:
         c = tl.dot(a, b, input_precision=PRECISION)
     return c
-
-
-@triton.jit
-def scale_offsets(bt_row, t, tmask, kvh, stride_sn, stride_ss, stride_sh, S: tl.constexpr):
-    """Element offsets of the [N] float32 scales of tokens t (kv head kvh) of one sequence."""
-    return kv_token_offsets(bt_row, t, tmask, stride_sn, stride_ss, S) + kvh * stride_sh
 
 
 @triton.jit

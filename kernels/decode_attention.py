@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._attention import attend_tile, kv_token_offsets, scale_offsets
+from kernels._attention import attend_tile, paged_offsets, query_for
 from kernels._common import check_attention_inputs, check_device, check_dim, check_dtype
 from kernels._common import check_scales
 from kernels._common import dot_precision, interpreting, next_pow2, num_sms
@@ -46,6 +46,7 @@ def _decode_kernel(
     heads = kvh * G + g
     qmask = gmask[:, None] & dmask[None, :]
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=qmask, other=0.0)
+    q = query_for(q, QUANT, DOT_F32)
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, D_PAD], tl.float32)
@@ -55,10 +56,8 @@ def _decode_kernel(
     for t0 in range(part * PART, end, BLOCK_N):
         t = t0 + tl.arange(0, BLOCK_N)
         tmask = t < end
-        tok_off = kv_token_offsets(bt_row, t, tmask, stride_cn, stride_cs, S)
-        sc_off = tok_off
-        if QUANT:
-            sc_off = scale_offsets(bt_row, t, tmask, kvh, stride_sn, stride_ss, stride_sh, S)
+        tok_off, sc_off = paged_offsets(bt_row, t, tmask, stride_cn, stride_cs, kvh, stride_sn,
+                                        stride_ss, stride_sh, S, QUANT)
         m_i, l_i, acc = attend_tile(
             q, kc_ptr, vc_ptr, tok_off, head_off, dmask, tmask, tmask[None, :],
             m_i, l_i, acc, scale_log2, PRECISION, DOT_F32, ks_ptr, vs_ptr, sc_off, QUANT,
@@ -140,8 +139,12 @@ def decode_with_partitions(
     partition_size: int,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    *,
+    block_n: int = 64,
+    num_warps: int = 4,
 ) -> torch.Tensor:
-    """paged_decode_attention with an explicit split-K partition size (power of two >= 16)."""
+    """paged_decode_attention with an explicit split-K partition size (power of two >= 16);
+    block_n (keys per tile, a power of two) and num_warps are tuning knobs for benchmarks."""
     quant = check_scales(k_cache, k_scale, v_scale)
     group, d = check_attention_inputs(q, k_cache, v_cache, block_tables, quant)
     check_dim("seq_lens", seq_lens, 1)
@@ -175,9 +178,9 @@ def decode_with_partitions(
         *(ks.stride()[:3] if quant else (0, 0, 0)),
         scale * math.log2(math.e), d, parts,
         G=group, G_PAD=max(16, next_pow2(group)), S=s, D_PAD=d_pad,
-        BLOCK_N=min(64, partition_size), PART=partition_size, SPLIT=split,
+        BLOCK_N=min(block_n, partition_size), PART=partition_size, SPLIT=split,
         PRECISION=dot_precision(q.dtype), DOT_F32=interpreting(), QUANT=quant,
-        num_warps=4, num_stages=2,
+        num_warps=num_warps, num_stages=2,
     )
     if split:
         _merge_kernel[(b, hq)](

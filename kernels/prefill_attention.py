@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._attention import attend_tile, kv_token_offsets, scale_offsets
+from kernels._attention import attend_tile, paged_offsets, query_for
 from kernels._common import check_attention_inputs, check_device, check_dim, check_dtype
 from kernels._common import check_scales
 from kernels._common import dot_precision, interpreting, next_pow2
@@ -64,6 +64,7 @@ def _prefill_kernel(
     io_mask = rmask[:, None] & dmask[None, :]
     q = tl.load(q_ptr + tok[:, None] * stride_qt + heads[:, None] * stride_qh + d[None, :],
                 mask=io_mask, other=0.0)
+    q = query_for(q, QUANT, DOT_F32)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
@@ -75,10 +76,8 @@ def _prefill_kernel(
     for t0 in range(0, kv_end, BLOCK_N):
         t = t0 + tl.arange(0, BLOCK_N)
         tmask = t < kv_end
-        tok_off = kv_token_offsets(bt_row, t, tmask, stride_cn, stride_cs, S)
-        sc_off = tok_off
-        if QUANT:
-            sc_off = scale_offsets(bt_row, t, tmask, kvh, stride_sn, stride_ss, stride_sh, S)
+        tok_off, sc_off = paged_offsets(bt_row, t, tmask, stride_cn, stride_cs, kvh, stride_sn,
+                                        stride_ss, stride_sh, S, QUANT)
         valid = tmask[None, :] & (t[None, :] <= q_pos[:, None])
         m_i, l_i, acc = attend_tile(
             q, kc_ptr, vc_ptr, tok_off, head_off, dmask, tmask, valid,

@@ -139,6 +139,12 @@ def dequantize_cache(cache: torch.Tensor, scale: torch.Tensor | None) -> torch.T
     return cache.float() * scale[..., None]
 
 
+def copy_blocks(src: torch.Tensor, dst: torch.Tensor, src_ids: torch.Tensor, dst_ids: torch.Tensor) -> None:
+    """dst[:, dst_ids[i]] = src[:, src_ids[i]] for every i: whole blocks of one layer's planes."""
+    raw_dst, raw_src = dst.view(torch.uint8), src.view(torch.uint8)  # any dtype, bit for bit
+    raw_dst.index_copy_(1, dst_ids.long(), raw_src.index_select(1, src_ids.long()))
+
+
 def gather_kv(
     cache: torch.Tensor, block_table: torch.Tensor, length: int
 ) -> torch.Tensor:

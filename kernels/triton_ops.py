@@ -8,6 +8,7 @@ helper; both stay in plain torch.
 
 from __future__ import annotations
 
+from kernels.copy_blocks import copy_blocks
 from kernels.decode_attention import paged_decode_attention
 from kernels.prefill_attention import paged_prefill_attention
 from kernels.reference import gather_kv, rope_cos_sin
@@ -17,6 +18,7 @@ from kernels.silu_and_mul import silu_and_mul
 from kernels.write_kv import write_kv
 
 __all__ = [
+    "copy_blocks",
     "gather_kv",
     "paged_decode_attention",
     "paged_prefill_attention",

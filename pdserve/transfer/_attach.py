@@ -6,8 +6,9 @@ reservation and counted); Attach registers the sender as the reservation's write
 first write, tells it when the request is forgotten, and releases the blocks only when the
 writer says its last write landed, or `writer_grace_s` after its call broke (it died).
 
-Sender (`WriterLink`): attaches in the handle's constructor (no write before the receiver said
-yes), turns a `forgotten` event or a broken call into a failure of the handle, and sends
+Sender (`WriterLink`): sends its attach in the handle's constructor and waits for the answer
+before the first write (no write before the receiver said yes; the round trip overlaps the
+first layer's compute), turns a `forgotten` event or a broken call into a failure of the handle, and sends
 `release` once the handle's copies are synchronised.
 """
 
@@ -103,12 +104,20 @@ class WriterLink:
         self._call: grpc.Call | None = None
 
     def open(self, timeout: float) -> None:
-        """Attach; returns once the receiver accepted this writer. Raises TransferError
-        (NOT_FOUND: forgotten or unknown; DEADLINE_EXCEEDED, retryable: no answer). After it
-        returns, `on_lost` is called when the receiver forgets the request or the call breaks."""
+        """Attach; returns once the receiver accepted this writer (`begin` + `wait_attached`)."""
+        self.begin()
+        self.wait_attached(timeout)
+
+    def begin(self) -> None:
+        """Send the attach request and return at once (the answer comes on a watcher thread)."""
         self._queue.put(self._first)
         self._call = self._stub.Attach(self._requests(), timeout=self._call_timeout)
         threading.Thread(target=self._watch, name="kv-attach", daemon=True).start()
+
+    def wait_attached(self, timeout: float) -> None:
+        """Return once the receiver accepted this writer. Raises TransferError (NOT_FOUND:
+        forgotten or unknown; DEADLINE_EXCEEDED, retryable: no answer). After it returns,
+        `on_lost` is called when the receiver forgets the request or the call breaks."""
         if not self._attached.wait(timeout):
             self._call.cancel()
             raise TransferError(f"KV attach not answered within {timeout}s",

@@ -2,9 +2,9 @@
 
 The decode worker exports its pool's CUDA IPC handle once, in the KvTransfer Handshake reply
 (`pool_export`, JSON: no pickle). The prefill worker maps it once per decode address and, per
-push, copies the request's blocks of one layer with one gather/scatter (index_put_) on a
-dedicated stream; the engine's stream then waits on that copy, so the caller may overwrite its
-blocks right away. The KvTransfer Push stream carries only metadata KvChunks (no data; the
+push, copies the request's blocks of one layer with one block-copy kernel on a dedicated
+stream that overlaps the following layers; the engine's stream waits for the copies after the
+last layer, so a later step cannot overwrite a source block before it was read. The KvTransfer Push stream carries only metadata KvChunks (no data; the
 decode side validates them against the reservation and counts bytes) and, after the copy
 stream is synchronised in finish(), the last chunk: the write is visible before the decode
 side marks the request complete and before finish() reports success.
@@ -173,11 +173,16 @@ class Copier(Protocol):
 
 
 class CudaCopier:
-    """One gather/scatter per push on a dedicated stream, ordered after the engine's stream
-    (the layer was written there); the engine's stream then waits on it, so the engine may
-    overwrite its blocks right away while the CPU runs ahead."""
+    """One block-copy kernel per push (kernels/copy_blocks.py) on a dedicated stream, ordered
+    after the engine's stream (the layer was written there). The engine's stream waits for the
+    copies only after the pool's last layer was pushed: the copies overlap the next layers'
+    compute, and no later kernel (a reuse of the source blocks by the next step) can run
+    before they read their source."""
 
     def __init__(self, device: torch.device) -> None:
+        from kernels.copy_blocks import copy_blocks  # Triton: imported only where CUDA runs
+
+        self._copy_blocks = copy_blocks
         self._device = device
         self._stream = torch.cuda.Stream(device=device)
 
@@ -185,15 +190,18 @@ class CudaCopier:
              dst_ids: Sequence[int]) -> None:
         # Pinned + non_blocking: a pageable host-to-device copy would synchronise the copy
         # stream, i.e. make the CPU wait for the engine's queued layers at every push.
-        src_host = torch.tensor(list(src_ids), dtype=torch.long, pin_memory=True)
-        dst_host = torch.tensor(list(dst_ids), dtype=torch.long, pin_memory=True)
+        ids_host = torch.tensor([list(src_ids), list(dst_ids)], dtype=torch.int32, pin_memory=True)
         current = torch.cuda.current_stream(self._device)
         self._stream.wait_stream(current)
         with torch.cuda.stream(self._stream):
-            src_index = src_host.to(self._device, non_blocking=True)
-            dst_index = dst_host.to(self._device, non_blocking=True)
-            dst[layer].index_copy_(1, dst_index, src[layer].index_select(1, src_index))
-        current.wait_stream(self._stream)
+            ids = ids_host.to(self._device, non_blocking=True)
+            if dst.device == src.device:
+                self._copy_blocks(src[layer], dst[layer], ids[0], ids[1])
+            else:  # a peer GPU's pool: gather here, then one peer-to-peer copy (untested: 1 GPU)
+                raw = src[layer].index_select(1, ids[0].long())
+                dst[layer].index_copy_(1, ids[1].to(dst.device).long(), raw.to(dst.device))
+        if layer == src.shape[0] - 1:
+            current.wait_stream(self._stream)
 
     def synchronize(self) -> None:
         self._stream.synchronize()
@@ -211,7 +219,9 @@ class _IpcSendHandle(_TcpSendHandle):
         self._copy_lock = threading.Lock()  # held while a copy is queued; the release waits on it
         self._stopping = False
         self._link: WriterLink | None = None
-        self._link_ready = threading.Event()  # set once open() returned (link None: not attached)
+        self._link_ready = threading.Event()  # set once the link exists (None: never sent)
+        self._attached = False  # the receiver accepted this writer (checked before the first copy)
+        self._attach_timeout = attach_timeout
         super().__init__(target, kv_pool, layout, 1 << 30, stub, call_timeout, on_mismatch=lambda: None)
         self._remote = remote
         self._copier = copier
@@ -219,9 +229,9 @@ class _IpcSendHandle(_TcpSendHandle):
         link = WriterLink(stub, target.request_id, target.block_ids, self._hash,
                           call_timeout=call_timeout, on_lost=self._fail)
         try:
-            link.open(attach_timeout)  # no copy before the receiver registered this writer
+            link.begin()  # answered while the first layer computes; awaited before the first copy
             self._link = link
-        except TransferError:
+        except Exception:
             self._cancel()
             raise
         finally:
@@ -236,13 +246,32 @@ class _IpcSendHandle(_TcpSendHandle):
         with self._copy_lock:
             if self._state.final:  # failed or aborted: the release may already be under way
                 return []
-            self._copier.copy(self._remote, self._pool, layer, src_block_ids, dst)
+            if not self._attached:
+                try:
+                    self._link.wait_attached(self._attach_timeout)  # no write before the yes
+                except TransferError as err:
+                    refused = err
+                else:
+                    refused = None
+                    self._attached = True
+            if self._attached:
+                self._copier.copy(self._remote, self._pool, layer, src_block_ids, dst)
+        if not self._attached:
+            self._fail(refused)
+            return []
         meta = kv_pb2.KvChunk(request_id=self._target.request_id, layout_hash=self._hash,
                               layer=layer, block_offset=dst_block_offset,
                               num_blocks=len(src_block_ids))
         return [(meta, len(src_block_ids) * self._block_bytes)]
 
+    def drain(self) -> None:
+        """Block until every copy queued so far has landed (benchmarks; finish() does it too)."""
+        self._copier.synchronize()
+
     def _complete(self, last: kv_pb2.KvChunk, timeout: float) -> kv_pb2.PushAck:
+        if not self._attached:  # nothing was pushed (e.g. the decode side cached every block)
+            self._link.wait_attached(self._attach_timeout)
+            self._attached = True
         self._copier.synchronize()  # every write is done and visible before the last chunk
         ack = super()._complete(last, timeout)
         if self._link is not None:

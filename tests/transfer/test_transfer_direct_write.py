@@ -152,17 +152,32 @@ def test_forgotten_before_attach_is_refused_and_nothing_is_written(rig: Rig) -> 
     rig.receiver.expect("r1", DST)
     assert rig.receiver.forget("r1") is True  # no writer: free at once
     before = rig.dst.clone()
+    handle = rig.handle()  # the attach is sent; its answer is awaited before the first copy
+    handle.push(0, SRC, 0)
+    assert handle.state == TransferState.FAILED and rig.copier.queued == 0
     with pytest.raises(TransferError) as info:
-        rig.handle()
-    assert info.value.code == "NOT_FOUND" and rig.copier.queued == 0
+        handle.finish(timeout=5)
+    assert info.value.code == "NOT_FOUND"
     assert torch.equal(rig.dst, before)
 
 
 def test_attach_with_other_blocks_is_refused(rig: Rig) -> None:
     rig.receiver.expect("r1", [1, 2, 3, 4])
+    handle = rig.handle()
+    handle.push(0, SRC, 0)
+    assert rig.copier.queued == 0
     with pytest.raises(TransferError) as info:
-        rig.handle()
+        handle.finish(timeout=5)
     assert info.value.code == "INVALID_ARGUMENT" and "block_ids" in str(info.value)
+
+
+def test_transfer_without_pushes_waits_for_the_attach(rig: Rig) -> None:
+    """Nothing to send (the decode side had every block cached): finish still attaches first."""
+    rig.receiver.expect("r1", DST)
+    assert rig.receiver.forget("r1") is True
+    with pytest.raises(TransferError) as info:
+        rig.handle().finish(timeout=5)
+    assert info.value.code == "NOT_FOUND"
 
 
 def test_lost_writer_is_released_after_the_grace(rig: Rig) -> None:
