@@ -9,6 +9,11 @@ one clock for every process of the host. Percentiles are taken over these per-to
 steady state (every stream started, none finished). The delay includes the fake worker's own send
 and the client's own receive, so it is an upper bound on what the gateway adds; the same client
 calling the fake workers directly (no gateway) measures those two alone (the `direct` baseline).
+What the gateway adds is estimated from paired runs in one invocation against the same fake workers:
+direct, gateway, direct, gateway, ... (--repeat pairs, so slow drift of the shared machine's load hits
+both sides alike); `added_per_token_ms` holds the difference of the pooled gateway and pooled direct
+distributions at the median and at p99 (a difference of quantiles, not a quantile of differences:
+tokens are not paired one to one) and the per-pair median differences, which show the noise.
 
     python bench/gateway_overhead.py --streams 500 --errors-at 1000 --interval-ms 250
 """
@@ -198,33 +203,63 @@ async def measure(backend: Timed, streams: int, output_len: int, input_len: int,
         "ttft_ms": _pct([o.ttft for o in ok]),
         "token_delay_ms": _pct(delay), "token_delay_steady_ms": _pct(steady),
         "itl_minus_interval_ms": _pct(gaps),
+        "steady_delays_s": steady,  # for pooling across pairs; dropped before saving
     }
 
 
 async def experiment(args: argparse.Namespace, stack: FakeStack, emit_log: Path) -> dict[str, Any]:
-    """Baseline (direct) and gateway runs at --streams, then the gateway at --errors-at."""
+    """--repeat pairs of direct (baseline) and gateway runs at --streams, then the gateway at --errors-at."""
     interval = args.interval_ms / 1000.0
     w = stack.workers
     pids = {name: proc.popen.pid for name, proc in stack.procs.items()} | {"client": os.getpid()}
-    out: dict[str, Any] = {}
-    if not args.no_direct:
-        out["direct"] = await measure(Direct(w["fake-prefill"], w["fake-decode"], interval), args.streams,
-                                      args.output_len, args.input_len, emit_log, pids)
-    gw = await measure(ViaGateway(stack.gateway, interval), args.streams, args.output_len, args.input_len, emit_log, pids)
-    out["gateway"] = gw
+    pairs: list[dict[str, Any]] = []
+    for _ in range(args.repeat):
+        pair: dict[str, Any] = {}
+        if not args.no_direct:
+            pair["direct"] = await measure(Direct(w["fake-prefill"], w["fake-decode"], interval), args.streams,
+                                           args.output_len, args.input_len, emit_log, pids)
+        pair["gateway"] = await measure(ViaGateway(stack.gateway, interval), args.streams, args.output_len,
+                                        args.input_len, emit_log, pids)
+        pairs.append(pair)
+    out: dict[str, Any] = dict(pairs[0])  # the first pair keeps the old fields ("direct", "gateway")
+    if len(pairs) > 1:
+        out["repeats"] = pairs[1:]
     if args.errors_at:
         out[f"gateway_{args.errors_at}"] = await measure(ViaGateway(stack.gateway, interval), args.errors_at,
                                                          args.output_len, args.input_len, emit_log, pids)
+    gw = out["gateway"]
     steady = gw["token_delay_steady_ms"]
     out["gateway_added_per_token_ms"] = {
         "upper_bound": {k: steady[k] for k in ("median", "p99")},
         "minus_direct_median": (steady["median"] - out["direct"]["token_delay_steady_ms"]["median"]
                                 if "direct" in out else None)}
+    if "direct" in out:
+        out["added_per_token_ms"] = added(pairs)
     big = out.get(f"gateway_{args.errors_at}", {})
-    out["met"] = {"median": steady["median"] <= 1.0, "p99": steady["p99"] <= 5.0,
+    added_or_bound = out.get("added_per_token_ms", {}).get("pooled", steady)
+    out["met"] = {"median": added_or_bound["median"] <= 1.0, "p99": added_or_bound["p99"] <= 5.0,
+                  "judged_on": "added_per_token_ms.pooled" if "direct" in out else "upper bound (no direct runs)",
+                  "upper_bound_median": steady["median"] <= 1.0, "upper_bound_p99": steady["p99"] <= 5.0,
                   "no_errors": big.get("errors") == 0 if args.errors_at else None,
-                  "streams_complete": gw["completed"] == args.streams}
+                  "streams_complete": all(p["gateway"]["completed"] == args.streams for p in pairs)}
     return out
+
+
+def added(pairs: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the gateway adds: pooled gateway minus pooled direct steady-state delays, at the median and
+    p99, with both pooled distributions, and the median difference of each pair."""
+    pooled = {side: np.concatenate([p[side]["steady_delays_s"] for p in pairs]) for side in ("direct", "gateway")}
+    dist = {side: _pct(v) for side, v in pooled.items()}
+    return {
+        "pairs": len(pairs),
+        "pooled": {k: dist["gateway"][k] - dist["direct"][k] for k in ("median", "p90", "p99")},
+        "direct_pooled_ms": dist["direct"], "gateway_pooled_ms": dist["gateway"],
+        "per_pair_median": [p["gateway"]["token_delay_steady_ms"]["median"] - p["direct"]["token_delay_steady_ms"]["median"]
+                            for p in pairs],
+        "per_pair_p99": [p["gateway"]["token_delay_steady_ms"]["p99"] - p["direct"]["token_delay_steady_ms"]["p99"]
+                         for p in pairs],
+        "gateway_cpu_us_per_token": [p["gateway"]["cpu_us_per_token"].get("gateway") for p in pairs],
+    }
 
 
 def main() -> None:
@@ -236,6 +271,7 @@ def main() -> None:
     p.add_argument("--output-len", type=int, default=48)
     p.add_argument("--input-len", type=int, default=64)
     p.add_argument("--no-direct", action="store_true", help="skip the direct (no gateway) baseline")
+    p.add_argument("--repeat", type=int, default=1, help="pairs of (direct, gateway) runs, alternating")
     p.add_argument("--label", default="", help="a note stored with the run")
     p.add_argument("--out", default=None, help="default bench/results/gateway-overhead-cpu-<date>.json; runs append")
     args = p.parse_args()
@@ -250,13 +286,15 @@ def main() -> None:
             "machine": _machine(), "command": "python " + " ".join(sys.argv), "label": args.label,
             "interval_ms": args.interval_ms, "slots": args.slots, "streams": args.streams,
             "offered_tokens_per_s": args.streams * 1000.0 / args.interval_ms}
-    run_doc = {**head, **doc}
+    run_doc = _without_samples({**head, **doc})
     out = Path(args.out or Path(__file__).parent / "results" / f"gateway-overhead-cpu-{date}.json")
     report.save_json(out, _append(out, run_doc))
-    print(json.dumps({k: run_doc[k] for k in ("gateway_added_per_token_ms", "met")}, indent=1))
-    for name in ("direct", "gateway", f"gateway_{args.errors_at}"):
-        if name in run_doc:
-            r = run_doc[name]
+    print(json.dumps({k: run_doc[k] for k in ("gateway_added_per_token_ms", "added_per_token_ms", "met")
+                      if k in run_doc}, indent=1))
+    named = [(name, run_doc[name]) for name in ("direct", "gateway", f"gateway_{args.errors_at}") if name in run_doc]
+    named += [(f"{side} (pair {i + 2})", r) for i, p in enumerate(run_doc.get("repeats", [])) for side, r in p.items()]
+    for name, r in named:
+        if r:
             print(name, {k: round(r["token_delay_steady_ms"][k], 3) for k in ("median", "p90", "p99", "max", "count")},
                   "cpu us/token", r["cpu_us_per_token"],
                   "errors", r["errors"], r["error_samples"], "tok/s", round(r["tokens_per_s"]))
@@ -264,6 +302,15 @@ def main() -> None:
 
 
 METHOD = __doc__.split("\n\n")[1]
+
+
+def _without_samples(doc: Any) -> Any:
+    """doc without the raw per-token arrays (steady_delays_s) that measure() keeps for pooling."""
+    if isinstance(doc, dict):
+        return {k: _without_samples(v) for k, v in doc.items() if k != "steady_delays_s"}
+    if isinstance(doc, list):
+        return [_without_samples(v) for v in doc]
+    return doc
 
 
 def _append(path: Path, run_doc: dict[str, Any]) -> dict[str, Any]:

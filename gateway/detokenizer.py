@@ -13,6 +13,7 @@ text: transformers' fast `decode` calls it and, with cleanup off, returns its re
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Iterable
 
 from transformers import PreTrainedTokenizerBase
@@ -98,3 +99,76 @@ class IncrementalDetokenizer:
             del self._ids[:drop]
             self._prefix_offset -= drop
             self._read_offset -= drop
+
+
+class ByteTable:
+    """Each token id's UTF-8 bytes, for tokenizers whose decoder is plain ByteLevel (GPT-2 style:
+    SmolLM2, Llama 3, Qwen2). Their decode of a token list is the lossy UTF-8 decoding of the
+    concatenated bytes of its tokens, so text can be streamed byte-wise, one table lookup per token,
+    instead of decoding a window twice per token. `build` returns None for any other decoder."""
+
+    def __init__(self, pieces: list[bytes], special: frozenset[int]) -> None:
+        self.pieces = pieces
+        self.special = special
+
+    @staticmethod
+    def build(tokenizer: PreTrainedTokenizerBase) -> "ByteTable | None":
+        backend = getattr(tokenizer, "backend_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
+        if backend is None or type(backend.decoder).__name__ != "ByteLevel":
+            return None
+        byte_of = {c: b for b, c in _byte_level_chars().items()}
+        pieces = []
+        for token in tokenizer.convert_ids_to_tokens(list(range(len(tokenizer)))):
+            token = token or ""
+            # As the Rust ByteLevel decoder: mapped byte-wise when every char maps, else its own UTF-8.
+            mapped = [byte_of.get(c) for c in token]
+            pieces.append(token.encode() if None in mapped else bytes(mapped))  # type: ignore[arg-type]
+        special = frozenset(i for i, t in tokenizer.added_tokens_decoder.items() if t.special)
+        return ByteTable(pieces, special)
+
+
+class ByteLevelDetokenizer:
+    """IncrementalDetokenizer's interface over a ByteTable: same text, O(1) per token. An incomplete
+    UTF-8 character at the end is held back (at most 3 bytes); invalid bytes become U+FFFD as in
+    a full decode. No prompt context is needed: byte-level tokens carry their own spaces."""
+
+    def __init__(self, table: ByteTable, *, skip_special_tokens: bool = True) -> None:
+        self._pieces = table.pieces
+        self._skip = table.special if skip_special_tokens else frozenset()
+        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+        self._pending = 0
+
+    @property
+    def pending_tokens(self) -> int:
+        """Tokens whose bytes are (partly) held back, waiting for the rest of a character."""
+        return self._pending
+
+    def add(self, token_ids: Iterable[int]) -> str:
+        """Feed newly generated token ids; return the text they finish (possibly "")."""
+        skip, pieces = self._skip, self._pieces
+        ids = list(token_ids)
+        data = b"".join([pieces[t] for t in ids if t not in skip])
+        if not data:
+            return ""
+        text = self._utf8.decode(data)
+        self._pending = self._pending + len(ids) if self._utf8.getstate()[0] else 0
+        return text
+
+    def flush(self) -> str:
+        """At the end of the sequence: whatever bytes are still held, as U+FFFD."""
+        self._pending = 0
+        return self._utf8.decode(b"", final=True)
+
+
+def _byte_level_chars() -> dict[int, str]:
+    """GPT-2's byte -> printable character map (the one the ByteLevel pre-tokenizer and decoder use)."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
+            *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    moved = [b for b in range(256) if b not in kept]
+    return {**{b: chr(b) for b in kept}, **{b: chr(256 + i) for i, b in enumerate(moved)}}
+
+
+def make_detokenizer(tokenizer: PreTrainedTokenizerBase, prompt_ids: Iterable[int],
+                     table: ByteTable | None) -> IncrementalDetokenizer | ByteLevelDetokenizer:
+    """The byte-wise detokenizer when the tokenizer has a ByteTable, else the windowed one."""
+    return ByteLevelDetokenizer(table) if table is not None else IncrementalDetokenizer(tokenizer, prompt_ids)

@@ -16,7 +16,7 @@ import grpc
 from gateway import flow
 from gateway.admission import Admission
 from gateway.deadline import Deadline
-from gateway.detokenizer import IncrementalDetokenizer
+from gateway.detokenizer import ByteTable, make_detokenizer
 from gateway.errors import GatewayError
 from gateway.router import NoWorker, Router
 from gateway.stops import StopChecker
@@ -60,8 +60,8 @@ def sampling_from_request(s: gateway_pb2.SamplingParams) -> SamplingParams:
 class TextAssembler:
     """Token batches in, Chunk messages out: incremental text, stop strings, counts, finish."""
 
-    def __init__(self, tokenizer, prompt: list[int], params: SamplingParams) -> None:
-        self.detok = IncrementalDetokenizer(tokenizer, prompt)
+    def __init__(self, tokenizer, prompt: list[int], params: SamplingParams, table: ByteTable | None = None) -> None:
+        self.detok = make_detokenizer(tokenizer, prompt, table)
         self.stops = StopChecker(params.stop)
         self.generated, self.finish, self.matched = 0, "abort", None
 
@@ -100,6 +100,7 @@ class Generation:
         self.tokenizer = tokenizer
         self.router = router
         self.admission = admission or Admission()
+        self.byte_table = ByteTable.build(tokenizer)  # once: per-token detokenization by table lookup
 
     def prepare(self, req: gateway_pb2.GenerateRequest, fill_max_tokens: bool = False) -> tuple[list[int], SamplingParams]:
         """Prompt ids and sampling params, or ValidationError naming the field.
@@ -143,7 +144,7 @@ class Generation:
         prompt, params = self._checked(request, fill_max_tokens)
         with self.admission.enter() as ticket:
             job = flow.Job(rid, prompt, sampling_to_wire(params), self._first_finishes(prompt, params))
-            text = TextAssembler(self.tokenizer, prompt, params)
+            text = TextAssembler(self.tokenizer, prompt, params, self.byte_table)
             try:
                 async with contextlib.aclosing(flow.run(job, self.router, deadline)) as tokens:
                     async for ids, why in tokens:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from gateway.detokenizer import IncrementalDetokenizer
+from gateway.detokenizer import ByteLevelDetokenizer, ByteTable, IncrementalDetokenizer, make_detokenizer
 from gateway.stops import StopChecker
 from gateway.tokenizer import encode_prompt, load_tokenizer
 from pdserve.core.sampling import ValidationError
@@ -131,6 +132,57 @@ def test_leading_space_tokenizer() -> None:
     deltas = _stream(IncrementalDetokenizer(sp, [1]), ids[1:])
     assert "".join(deltas) == " world, how are you?"
     assert deltas[0] == " world"
+
+
+# ---------------------------------------------------------------- byte-level fast path
+
+
+@pytest.fixture(scope="module")
+def table(tok: Any) -> ByteTable:
+    built = ByteTable.build(tok)
+    assert built is not None  # the default model's decoder is ByteLevel
+    return built
+
+
+def test_byte_table_only_for_byte_level_decoders() -> None:
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    raw = Tokenizer(models.WordLevel({"<unk>": 0, "▁a": 1}, unk_token="<unk>"))
+    raw.decoder = decoders.Metaspace()
+    sp = PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="<unk>")
+    assert ByteTable.build(sp) is None
+    assert isinstance(make_detokenizer(sp, [1], None), IncrementalDetokenizer)
+
+
+@pytest.mark.parametrize("text", SAMPLES)
+@pytest.mark.parametrize("chunk", [1, 3])
+def test_byte_level_deltas_concatenate_to_full_decode(tok: Any, table: ByteTable, text: str, chunk: int) -> None:
+    ids = tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
+    deltas = _stream(ByteLevelDetokenizer(table), ids, chunk)
+    assert "".join(deltas) == text
+    assert not any("\ufffd" in d for d in deltas)  # a character is only sent once complete
+
+
+def test_byte_level_matches_full_decode_on_random_ids(tok: Any, table: ByteTable) -> None:
+    # Random ids over the whole vocabulary: special and added tokens, lone and invalid UTF-8 bytes.
+    rng = random.Random(8)
+    for _ in range(200):
+        ids = [rng.randrange(len(tok)) for _ in range(rng.randrange(1, 40))]
+        for skip in (True, False):
+            out = "".join(_stream(ByteLevelDetokenizer(table, skip_special_tokens=skip), ids, rng.choice([1, 2, 5])))
+            assert out == tok.decode(ids, skip_special_tokens=skip), ids
+
+
+def test_byte_level_holds_a_split_character_then_sends_it(tok: Any, table: ByteTable) -> None:
+    ids = tok.encode("a🎉", add_special_tokens=False)
+    detok = ByteLevelDetokenizer(table)
+    deltas = [detok.add([i]) for i in ids]
+    assert "".join(deltas) == "a🎉" and deltas[-1].endswith("🎉") and len(deltas) > 2
+    assert detok.pending_tokens == 0
+    lead = tok.encode("🎉", add_special_tokens=False)[0]
+    assert detok.add([lead]) == "" and detok.pending_tokens == 1
+    assert detok.flush() == "\ufffd"  # the end: held bytes are sent, as a full decode shows them
 
 
 # ---------------------------------------------------------------- stop strings

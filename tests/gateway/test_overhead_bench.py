@@ -52,3 +52,24 @@ def test_emit_log_pairs_every_decode_token_with_its_arrival(tmp_path: Path) -> N
     when, delay = delays(arrivals, emits)
     assert len(delay) == 20
     assert (delay > 0).all() and (delay < 5.0).all()  # seen after it was sent, same clock
+
+
+def test_added_is_pooled_gateway_minus_pooled_direct() -> None:
+    import numpy as np
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from gateway_overhead import _pct, _without_samples, added
+
+    def side(delays_ms: list[float], cpu: float) -> dict:
+        s = np.asarray(delays_ms) / 1000.0
+        return {"steady_delays_s": s, "token_delay_steady_ms": _pct(s), "cpu_us_per_token": {"gateway": cpu}}
+
+    pairs = [{"direct": side([1.0, 1.0, 1.0, 9.0], 0.0), "gateway": side([2.0, 2.0, 2.5, 12.0], 200.0)},
+             {"direct": side([1.0, 3.0, 3.0, 3.0], 0.0), "gateway": side([1.5, 4.0, 4.0, 4.0], 180.0)}]
+    out = added(pairs)
+    # pooled direct: 1,1,1,1,3,3,3,9 (median 2.0); pooled gateway: 1.5,2,2,2.5,4,4,4,12 (median 3.25)
+    assert out["pooled"]["median"] == 3.25 - 2.0
+    assert out["per_pair_median"] == [2.25 - 1.0, 4.0 - 3.0]
+    assert out["gateway_cpu_us_per_token"] == [200.0, 180.0]
+    assert out["direct_pooled_ms"]["count"] == 8 and out["pooled"]["p99"] > 0
+    assert "steady_delays_s" not in str(_without_samples({"repeats": pairs}))
