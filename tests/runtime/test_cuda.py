@@ -55,3 +55,34 @@ def test_cuda_bf16_logits_close_to_transformers(kind, tiny_model):
         ref = model(torch.tensor([prompt], device="cuda")).logits[0, -1:].float()
     rel = (ours - ref).norm() / ref.norm()
     assert rel < 3e-2, rel
+
+
+def _smollm2_dir():
+    """The default model's folder: $PDSERVE_SMOLLM2_DIR, else the one `make run` prepared."""
+    import os
+    from pathlib import Path
+
+    folder = Path(os.environ.get("PDSERVE_SMOLLM2_DIR")
+                  or Path.home() / ".cache/pdserve/models/SmolLM2-135M-Instruct")
+    if not (folder / "model.safetensors").is_file():
+        pytest.skip(f"SmolLM2 weights not at {folder} (set PDSERVE_SMOLLM2_DIR)")
+    return folder
+
+
+def test_cuda_smollm2_greedy_matches_transformers():
+    """The real default model, fp32 on the GPU: our greedy tokens equal transformers' on text."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    folder = _smollm2_dir()
+    spec = ModelSpec.from_dir(folder)
+    tok = AutoTokenizer.from_pretrained(folder)
+    texts = ["The capital of France is", "def fibonacci(n):\n    ", "Once upon a time, in a small village,",
+             "List three colours: red,"]
+    prompts = [tok(t)["input_ids"] for t in texts]
+    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    runner = ModelRunner(spec, folder, device="cuda", dtype=torch.float32, num_blocks=64, block_size=16)
+    ours = generate(runner, prompts, params)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to("cuda").eval()
+    with torch.inference_mode():
+        assert ours == [_hf_greedy(model, p, params.max_tokens) for p in prompts]
