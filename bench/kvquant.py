@@ -30,6 +30,7 @@ from pdserve.runtime.kv_quant import quant_block_bytes
 from pdserve.runtime.offline import generate
 from pdserve.runtime.runner import ModelRunner
 from pdserve.runtime.spec_offline import generate_speculative
+from pdserve.runtime.spec_step import SpeculativeRunner
 
 CONFIGS = Path(__file__).parent / "configs"
 BS, CTX = 16, 4096
@@ -129,39 +130,57 @@ def lookup_prompts(n: int, vocab: int, length: int = 256) -> list[list[int]]:
     return out
 
 
-def timed_generate(runner: ModelRunner, prompts, params, cfg) -> tuple[float, SpecStats]:
+def timed_generate(runner: ModelRunner, prompts, params, cfg, verifier=None) -> tuple[float, SpecStats]:
     stats = SpecStats()
     sync()
     t0 = time.perf_counter()
     if cfg is None:
         generate(runner, prompts, params)
     else:
-        generate_speculative(runner, prompts, params, cfg, stats=stats)
+        generate_speculative(runner, prompts, params, cfg, stats=stats, verifier=verifier)
     sync()
     return time.perf_counter() - t0, stats
 
 
-def ngram(runner: ModelRunner, prompts, params) -> tuple[float, float]:
+def ngram(runner: ModelRunner, prompts, params, verifier) -> tuple[float, float]:
     """(plain seconds / speculative seconds, acceptance rate); one warm-up each."""
     timed_generate(runner, prompts[:1], params, None)
-    timed_generate(runner, prompts[:1], params, NGRAM)
+    timed_generate(runner, prompts[:1], params, NGRAM, verifier)
     plain, _ = timed_generate(runner, prompts, params, None)
-    spec, stats = timed_generate(runner, prompts, params, NGRAM)
+    spec, stats = timed_generate(runner, prompts, params, NGRAM, verifier)
     return plain / spec, stats.acceptance_rate
 
 
+def text_lookup_prompts(model_dir: str, n: int) -> list[list[int]]:
+    """Prompt-lookup texts (copy a list, copy code with an edit, copy notes; spec_decode.py's),
+    tokenized by the model's tokenizer, cycled to n prompts."""
+    from gateway.tokenizer import load_tokenizer
+    from spec_decode import PROMPTS
+
+    tok = load_tokenizer(Path(model_dir))
+    texts = [tok(t)["input_ids"] for t in PROMPTS]
+    return [texts[i % len(texts)] for i in range(n)]
+
+
 def ngram_results() -> dict:
-    spec = llama8b()
-    runner = ModelRunner(spec, None, device="cuda", dtype=torch.bfloat16, num_blocks=32 * 40 + 64,
-                         block_size=BS, load_format="dummy", max_model_len=1024)
+    """n-gram speedups through the decode worker's verifier (graphs on CUDA). With $SMOLLM2_DIR:
+    the real default model on text prompts; else Llama-3.1-8B's shape with random weights."""
+    model_dir = os.environ.get("SMOLLM2_DIR")
+    spec = ModelSpec.from_dir(Path(model_dir)) if model_dir else llama8b()
+    runner = ModelRunner(spec, model_dir, device="cuda", dtype=torch.bfloat16, num_blocks=32 * 40 + 64,
+                         block_size=BS, load_format="auto" if model_dir else "dummy", max_model_len=1024,
+                         max_num_seqs=32)
+    verifier = SpeculativeRunner(runner, NGRAM.num_speculative_tokens)
     greedy = SamplingParams(temperature=0.0, max_tokens=128, ignore_eos=True)
-    out = {}
+    out = {"ngram_weights": "SmolLM2-135M-Instruct (real)" if model_dir else "llama-3.1-8b shape (dummy)",
+           "ngram_verify_graphs": verifier.graphs is not None}
     for bs in (1, 32):
-        speed, acc = ngram(runner, lookup_prompts(bs, spec.vocab_size), greedy)
+        prompts = text_lookup_prompts(model_dir, bs) if model_dir else lookup_prompts(bs, spec.vocab_size)
+        speed, acc = ngram(runner, prompts, greedy, verifier)
         out[f"ngram_speedup_bs{bs}"], out[f"ngram_acceptance_bs{bs}"] = speed, acc
     rng = random.Random(2)
     rand = [[rng.randrange(spec.vocab_size) for _ in range(256)] for _ in range(8)]
-    speed, acc = ngram(runner, rand, SamplingParams(temperature=1.0, max_tokens=128, ignore_eos=True))
+    speed, acc = ngram(runner, rand, SamplingParams(temperature=1.0, max_tokens=128, ignore_eos=True), verifier)
     out["ngram_slowdown_random"], out["ngram_acceptance_random"] = 1.0 / speed - 1.0, acc
     free(runner)
     return out

@@ -64,13 +64,13 @@ def tokenize(model_dir: Path, texts: list[str], vocab: int) -> list[list[int]]:
 
 
 def run_one(runner: ModelRunner, prompt: list[int], max_tokens: int, spec: SpeculativeConfig | None,
-            sync) -> dict:
+            sync, engine: SpeculativeRunner | None = None) -> dict:
     """One request alone; returns its tokens, decode seconds and speculation counters."""
     cfg = SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=max(2048, len(prompt)),
                           max_model_len=runner.max_model_len, enable_prefix_caching=False)
     planner = DraftPlanner(spec, cfg.max_model_len) if spec else None
     sched = Scheduler(cfg, BlockManager(runner.num_blocks, runner.block_size), planner)
-    engine = SpeculativeRunner(runner) if spec else runner
+    engine = (engine or SpeculativeRunner(runner)) if spec else runner
     sched.add(Sequence("r", list(prompt), SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)))
     tokens: list[int] = []
     steps, t0 = 0, 0.0
@@ -120,23 +120,25 @@ def main() -> None:
                          block_size=16, load_format=args.load_format, max_model_len=1024, max_num_seqs=1)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     prompts = tokenize(model_dir, PROMPTS, mspec.vocab_size)
-    run_one(runner, prompts[0], 8, spec, sync)  # warm-up (first-call costs, both paths)
+    engine = SpeculativeRunner(runner, spec.num_speculative_tokens)  # the decode worker's: verify graphs on CUDA
+    run_one(runner, prompts[0], 8, spec, sync, engine)  # warm-up (first-call costs, both paths)
     run_one(runner, prompts[0], 8, None, sync)
     runs: dict[str, list[dict]] = {"plain": [], "ngram": []}
     for _ in range(args.repeats):
         for p in prompts:
             for mode, cfg in (("plain", None), ("ngram", spec)):
-                r = run_one(runner, p, args.max_tokens, cfg, sync)
+                r = run_one(runner, p, args.max_tokens, cfg, sync, engine)
                 runs[mode].append(r)
                 print(mode, len(p), f"{(len(r['tokens']) - 1) / r['decode_seconds']:.1f} tok/s",
                       r["decode_steps"], "steps", r["accepted"], "/", r["drafted"], "accepted", flush=True)
-    res = report(runs, args, mspec, device)
+    res = report(runs, args, mspec, device, engine.graphs is not None)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
     print(json.dumps(res, indent=2))
 
 
-def report(runs: dict[str, list[dict]], args: argparse.Namespace, mspec: ModelSpec, device: torch.device) -> dict:
+def report(runs: dict[str, list[dict]], args: argparse.Namespace, mspec: ModelSpec, device: torch.device,
+           engine_graphs: bool = False) -> dict:
     def tps(rs: list[dict]) -> float:  # all decode tokens over all decode time
         return sum(len(r["tokens"]) - 1 for r in rs) / sum(r["decode_seconds"] for r in rs)
 
@@ -152,6 +154,7 @@ def report(runs: dict[str, list[dict]], args: argparse.Namespace, mspec: ModelSp
         "model": args.model or "SmolLM2-135M-Instruct", "load_format": args.load_format, "dtype": args.dtype,
         "batch": 1, "max_tokens": args.max_tokens, "prompts": len(PROMPTS), "repeats": args.repeats,
         "speculative_config": json.loads(args.speculative_config),
+        "verify_graphs": engine_graphs,
         "plain_decode_tok_s": round(tps(plain), 2), "ngram_decode_tok_s": round(tps(ngram), 2),
         "speedup": round(tps(ngram) / tps(plain), 3),
         "speedup_per_run_median": round(statistics.median(per_run), 3),

@@ -47,7 +47,8 @@ async def amain(args: argparse.Namespace) -> None:
     built = build(args)
     from pdserve.runtime.spec_step import SpeculativeRunner
 
-    runner = SpeculativeRunner(built.runner) if built.scheduler.spec is not None else built.runner
+    spec = built.scheduler.spec
+    runner = SpeculativeRunner(built.runner, spec.cfg.num_speculative_tokens) if spec is not None else built.runner
     loop = EngineLoop(built.scheduler, runner)
     from pdserve.transfer import make_receiver
 

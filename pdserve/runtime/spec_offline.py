@@ -16,7 +16,7 @@ from pdserve.core.speculative import NgramProposer, SpecStats, SpeculativeConfig
 from pdserve.core.step_io import SeqSlice, StepInput
 from pdserve.runtime.offline import _allocate
 from pdserve.runtime.runner import ModelRunner
-from pdserve.runtime.spec_step import execute_speculative
+from pdserve.runtime.spec_step import SpeculativeRunner, execute_speculative
 
 
 def generate_speculative(
@@ -26,8 +26,10 @@ def generate_speculative(
     cfg: SpeculativeConfig,
     eos_token_ids: Sequence[int] = (),
     stats: SpecStats | None = None,
+    verifier: SpeculativeRunner | None = None,
 ) -> list[list[int]]:
-    """Like offline.generate, with speculation; `stats` (if given) collects acceptance counts."""
+    """Like offline.generate, with speculation; `stats` (if given) collects acceptance counts.
+    `verifier` (a SpeculativeRunner over `runner`, e.g. with verify graphs) runs the steps."""
     params.validate()
     stats = stats if stats is not None else SpecStats()
     k = cfg.num_speculative_tokens
@@ -49,7 +51,8 @@ def generate_speculative(
     while live:
         slices = [_spec_slice(i, prompts[i], outs[i], props[i], tables[i], params, suppress, k,
                               runner.max_model_len) for i in live]
-        out = execute_speculative(runner, StepInput(tuple(slices)))
+        step = StepInput(tuple(slices))
+        out = verifier.execute(step) if verifier is not None else execute_speculative(runner, step)
         for s in slices:
             i = int(s.request_id)
             toks = out.emitted[s.request_id] if s.num_drafts else (out.sampled[s.request_id],)

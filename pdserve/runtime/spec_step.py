@@ -7,7 +7,8 @@ each sampled slice's last 1 + num_drafts positions and verified per sequence
 (runtime/spec_verify.py). Slices without drafts are sampled in the same forward. KV written
 for rejected drafts lies past the sequence's new length and is overwritten when those
 positions are computed again. A step without any draft takes the runner's ordinary path, so
-CUDA graphs still serve it; verify steps run eager.
+CUDA graphs still serve it; verify steps replay graphs of their own where they fit
+(runtime/spec_graphs.py) and run eagerly otherwise.
 """
 
 from __future__ import annotations
@@ -19,22 +20,45 @@ import torch
 from pdserve.core.step_io import SeqSlice, StepInput, StepOutput
 from pdserve.runtime.loop import LayerHook
 from pdserve.runtime.runner import ModelRunner
+from pdserve.runtime.spec_graphs import VerifyGraphs
 from pdserve.runtime.spec_verify import verify_step
 
 
 class SpeculativeRunner:
-    """The engine loop's runner on a worker with --speculative-config: verifies drafts."""
+    """The engine loop's runner on a worker with --speculative-config: verifies drafts.
 
-    def __init__(self, runner: ModelRunner) -> None:
+    With `num_speculative_tokens` on a CUDA runner that uses graphs, verify steps of up to 32
+    sequences replay captured graphs (runtime/spec_graphs.py); others run eagerly."""
+
+    def __init__(self, runner: ModelRunner, num_speculative_tokens: int | None = None) -> None:
         self.runner = runner
+        self.graphs: VerifyGraphs | None = None
+        if num_speculative_tokens and runner.graphs is not None:
+            self.graphs = VerifyGraphs(
+                runner.model, runner.kv_pool, block_size=runner.block_size,
+                max_model_len=runner.max_model_len, num_speculative_tokens=num_speculative_tokens,
+                max_num_seqs=runner.graphs.max_batch)
 
     def execute(self, step: StepInput, layer_hook: LayerHook | None = None) -> StepOutput:
         for s in step.seqs:
             if s.num_drafts:
                 if layer_hook is not None:
                     raise ValueError("a speculative step cannot push KV layer by layer")
+                if self.graphs is not None and self.graphs.fits(step.seqs):
+                    return execute_graphed(self.runner, self.graphs, step)
                 return execute_speculative(self.runner, step)
         return self.runner.execute(step, layer_hook)
+
+
+@torch.inference_mode()
+def execute_graphed(runner: ModelRunner, graphs: VerifyGraphs, step: StepInput) -> StepOutput:
+    """A verify step through a captured graph (every slice sampled, at most K drafts)."""
+    runner.check(step)
+    for s in step.seqs:
+        if s.num_drafts >= len(s.token_ids):
+            raise ValueError(f"{s.request_id}: num_drafts {s.num_drafts} needs more tokens than drafts")
+    logits, firsts = graphs.run(step.seqs)
+    return verify_step(logits, list(zip(step.seqs, firsts)), runner.generator)
 
 
 @torch.inference_mode()

@@ -111,3 +111,27 @@ def test_graph_decode_equals_eager(kind, tiny_model) -> None:  # noqa: F811 (fix
     assert ours == generate(eager, prompts, GREEDY)
     # a batch of one (captured size) too
     assert generate(graphed, prompts[3:4], GREEDY) == generate(eager, prompts[3:4], GREEDY)
+
+
+@pytest.mark.gpu
+def test_graphed_verify_steps_equal_plain_decoding() -> None:
+    """Speculative decoding on CUDA with captured verify graphs gives plain decoding's greedy
+    tokens (fp32, tiny random model, repetitive prompts so drafts are accepted)."""
+    from runtime.test_spec_serving import CFG, SPEC, serve
+
+    from pdserve.runtime.runner import ModelRunner
+    from pdserve.runtime.spec_step import SpeculativeRunner
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    runner = ModelRunner(SPEC, None, device="cuda", dtype=torch.float32, num_blocks=64, block_size=4,
+                         load_format="dummy", seed=3, max_model_len=200, max_num_seqs=8)
+    graphs = SpeculativeRunner(runner, CFG.num_speculative_tokens).graphs
+    assert graphs is not None and graphs.sizes == (1, 2, 4, 8)
+    replays = []
+    run = graphs.run
+    graphs.run = lambda seqs: replays.append(len(seqs)) or run(seqs)  # type: ignore[method-assign]
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    plain, _ = serve(runner, False, 64, params)
+    spec, sched = serve(runner, True, 64, params, graphs=graphs)
+    assert spec == plain
+    assert replays and sched.spec.stats.accepted > 0

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from pdserve.core.block_manager import BlockManager
 from pdserve.core.request import Sequence
@@ -23,6 +24,7 @@ from pdserve.core.speculative import SpeculativeConfig
 from pdserve.core.step_io import SeqSlice, StepInput
 from pdserve.model.spec import ModelSpec
 from pdserve.runtime.runner import ModelRunner
+from pdserve.runtime.spec_graphs import VerifyGraphs
 from pdserve.runtime.spec_step import SpeculativeRunner
 
 SPEC = ModelSpec.from_config_dict(dict(
@@ -34,11 +36,13 @@ PROMPTS = [[1, 2, 3, 4, 5, 6] * 4 + [1, 2], [7] * 12, [9, 8, 7, 9, 8] * 3, [11, 
 
 
 def serve(runner: ModelRunner, spec: bool, num_blocks: int, params: SamplingParams,
-          budget: int = 32) -> tuple[dict[str, list[int]], Scheduler]:
+          budget: int = 32, graphs: VerifyGraphs | None = None) -> tuple[dict[str, list[int]], Scheduler]:
     cfg = SchedulerConfig(max_num_batched_tokens=budget, max_model_len=200)
     planner = DraftPlanner(CFG, cfg.max_model_len) if spec else None
     sched = Scheduler(cfg, BlockManager(num_blocks, runner.block_size), planner)
     engine = SpeculativeRunner(runner) if spec else runner
+    if graphs is not None:
+        engine.graphs = graphs
     for i, p in enumerate(PROMPTS):
         sched.add(Sequence(str(i), list(p), params))
     outs: dict[str, list[int]] = {}
@@ -77,6 +81,56 @@ def test_greedy_equals_plain_triton_interpreter() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                          cwd=root / "tests", timeout=600)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+
+
+def test_verify_graph_buffers_equal_eager_verify() -> None:
+    """The verify-graph path (K + 1 padded rows per sequence, static buffers; run eagerly on
+    CPU) gives the tokens of plain decoding, and its verify steps really took that path."""
+    runner = ModelRunner(SPEC, None, num_blocks=64, block_size=4, load_format="dummy", seed=3)
+    graphs = VerifyGraphs(runner.model, runner.kv_pool, block_size=4, max_model_len=200,
+                          num_speculative_tokens=CFG.num_speculative_tokens, max_num_seqs=4, capture=False)
+    runs = []
+    real_run = graphs.run
+    graphs.run = lambda seqs: runs.append(len(seqs)) or real_run(seqs)  # count graph steps
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    plain, _ = serve(runner, False, 64, params)
+    spec, sched = serve(runner, True, 64, params, graphs=graphs)
+    assert spec == plain
+    assert runs and sched.spec.stats.accepted > 0
+    assert 3 in runs or 4 in runs  # padded batches (3 -> 4) and full ones both served
+
+
+def test_verify_graph_logits_rows_equal_eager() -> None:
+    """Row by row: a step with 0, 1 and K drafts gives the eager path's logits on real rows."""
+    import dataclasses
+
+    from pdserve.runtime.spec_step import execute_graphed, execute_speculative
+
+    runner = ModelRunner(SPEC, None, num_blocks=32, block_size=4, load_format="dummy", seed=1)
+    greedy = SamplingParams(temperature=0.0)
+    prompts = {"a": [3, 4, 5, 6, 7], "b": [9] * 9, "c": [1, 2]}
+    tables = {"a": (0, 1, 2), "b": (3, 4, 5, 6), "c": (7, 8)}
+    runner.execute(StepInput(tuple(SeqSlice(r, tuple(p), 0, tables[r], greedy) for r, p in prompts.items())))
+    step = StepInput((
+        SeqSlice("a", (8,), 5, tables["a"], greedy),  # no draft
+        SeqSlice("b", (9, 9, 9, 9), 9, tables["b"], greedy, True, (), 3),  # K drafts
+        SeqSlice("c", (5, 6), 2, tables["c"], greedy, True, (), 1),
+    ))
+    graphs = VerifyGraphs(runner.model, runner.kv_pool, block_size=4, max_model_len=32,
+                          num_speculative_tokens=3, max_num_seqs=4, capture=False)
+    assert graphs.fits(step.seqs)
+    logits, firsts = graphs.run(step.seqs)
+    got = [logits[f : f + len(s.token_ids)] for s, f in zip(step.seqs, firsts)]
+    ids, positions, meta = runner._prepare(step.seqs)
+    meta = dataclasses.replace(meta, logits_indices=None, is_decode=False)
+    hidden = runner.model.forward(ids, positions, meta, runner.kv_pool)
+    want = runner.model.compute_logits(hidden)
+    at = 0
+    for s, g in zip(step.seqs, got):
+        n = len(s.token_ids)
+        torch.testing.assert_close(g, want[at : at + n], rtol=1e-4, atol=1e-4)
+        at += n
+    assert execute_graphed(runner, graphs, step) == execute_speculative(runner, step)
 
 
 def test_sampled_and_seeded_requests_with_drafts() -> None:
