@@ -19,21 +19,11 @@ __all__ = ["rope_cos_sin", "rotary"]
 
 
 @triton.jit
-def _rotary_kernel(
-    x_ptr, out_ptr, pos_ptr, cs_ptr,
-    stride_xt, stride_xh, stride_ot, stride_oh, stride_cs,
-    heads, head_dim,
-    HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
-    BLOCK_PASS: tl.constexpr,
-):
-    tok = tl.program_id(0).to(tl.int64)
-    pos = tl.load(pos_ptr + tok).to(tl.int64)
+def _rotate_heads(x_ptr, out_ptr, tok, cos, sin, i, imask, stride_xt, stride_xh, stride_ot, stride_oh,
+                  heads, head_dim, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_PASS: tl.constexpr):
+    """Rotate the `heads` heads of one token of x into out."""
     h = tl.arange(0, BLOCK_H)[:, None]
-    i = tl.arange(0, BLOCK_HALF)[None, :]
     hmask = h < heads
-    imask = i < HALF
-    cos = tl.load(cs_ptr + pos * stride_cs + i, mask=imask, other=0.0)
-    sin = tl.load(cs_ptr + pos * stride_cs + HALF + i, mask=imask, other=0.0)
     src = x_ptr + tok * stride_xt + h * stride_xh
     dst = out_ptr + tok * stride_ot + h * stride_oh
     m = hmask & imask
@@ -48,22 +38,25 @@ def _rotary_kernel(
         tl.store(dst + p, tl.load(src + p, mask=pm, other=0.0), mask=pm)
 
 
-def _rotate(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
-    """Rotate one tensor [T, H, D] into a new contiguous tensor."""
-    t, heads, d = x.shape
-    half = cos_sin.shape[1] // 2
-    out = torch.empty((t, heads, d), dtype=x.dtype, device=x.device)
-    if t == 0 or heads == 0:
-        return out
-    rest = d - 2 * half
-    _rotary_kernel[(t,)](
-        x, out, positions, cos_sin,
-        x.stride(0), x.stride(1), out.stride(0), out.stride(1), cos_sin.stride(0),
-        heads, d,
-        HALF=half, BLOCK_H=next_pow2(heads), BLOCK_HALF=next_pow2(half),
-        BLOCK_PASS=next_pow2(rest) if rest else 0, num_warps=4,
-    )
-    return out
+@triton.jit
+def _rotary_kernel(
+    q_ptr, k_ptr, qo_ptr, ko_ptr, pos_ptr, cs_ptr,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_qot, stride_qoh, stride_kot, stride_koh,
+    stride_cs, q_heads, k_heads, head_dim,
+    HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    BLOCK_PASS: tl.constexpr,
+):
+    """One program per token rotates its q heads and its k heads (one launch for both)."""
+    tok = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + tok).to(tl.int64)
+    i = tl.arange(0, BLOCK_HALF)[None, :]
+    imask = i < HALF
+    cos = tl.load(cs_ptr + pos * stride_cs + i, mask=imask, other=0.0)
+    sin = tl.load(cs_ptr + pos * stride_cs + HALF + i, mask=imask, other=0.0)
+    _rotate_heads(q_ptr, qo_ptr, tok, cos, sin, i, imask, stride_qt, stride_qh, stride_qot, stride_qoh,
+                  q_heads, head_dim, HALF, BLOCK_HQ, BLOCK_PASS)
+    _rotate_heads(k_ptr, ko_ptr, tok, cos, sin, i, imask, stride_kt, stride_kh, stride_kot, stride_koh,
+                  k_heads, head_dim, HALF, BLOCK_HK, BLOCK_PASS)
 
 
 def rotary(
@@ -94,4 +87,16 @@ def rotary(
     rot = cos_sin.shape[1]
     assert rot % 2 == 0 and 0 < rot <= d, f"cos_sin width {rot} must be even and <= head dim {d}"
     check_device(q=q, k=k, positions=positions, cos_sin=cos_sin)
-    return _rotate(q, positions, cos_sin), _rotate(k, positions, cos_sin)
+    qo = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    ko = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    if t == 0:
+        return qo, ko
+    half, rest = rot // 2, d - rot
+    _rotary_kernel[(t,)](
+        q, k, qo, ko, positions, cos_sin,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), qo.stride(0), qo.stride(1),
+        ko.stride(0), ko.stride(1), cos_sin.stride(0), q.shape[1], k.shape[1], d,
+        HALF=half, BLOCK_HQ=next_pow2(max(q.shape[1], 1)), BLOCK_HK=next_pow2(max(k.shape[1], 1)),
+        BLOCK_HALF=next_pow2(half), BLOCK_PASS=next_pow2(rest) if rest else 0, num_warps=4,
+    )
+    return qo, ko

@@ -19,6 +19,7 @@ assert os.environ.get("TRITON_INTERPRET", "0") != "1", "run with TRITON_INTERPRE
 from kernels.decode_attention import _decode_kernel, _merge_kernel  # noqa: E402
 from kernels.prefill_attention import _prefill_kernel  # noqa: E402
 from kernels.rms_norm import _rms_norm_kernel  # noqa: E402
+from kernels.copy_blocks import _copy_blocks_kernel  # noqa: E402
 from kernels.rotary import _rotary_kernel  # noqa: E402
 from kernels.silu_and_mul import _silu_and_mul_kernel  # noqa: E402
 from kernels.write_kv import _write_kv_kernel  # noqa: E402
@@ -72,9 +73,12 @@ def elementwise(dt: str) -> None:
     ptrs = {p: f"*{dt}" for p in ("x_ptr", "res_ptr", "w_ptr", "out_ptr", "sum_ptr")}
     compile_kernel(_rms_norm_kernel, ptrs, {"HAS_RES": True, "BLOCK": 4096}, num_warps=16)
     compile_kernel(_silu_and_mul_kernel, {"x_ptr": f"*{dt}", "out_ptr": f"*{dt}"}, {"BLOCK": 1024})
-    ptrs = {"x_ptr": f"*{dt}", "out_ptr": f"*{dt}", "pos_ptr": "*i64", "cs_ptr": "*fp32"}
+    ptrs = {"q_ptr": f"*{dt}", "k_ptr": f"*{dt}", "qo_ptr": f"*{dt}", "ko_ptr": f"*{dt}",
+            "pos_ptr": "*i64", "cs_ptr": "*fp32"}
     compile_kernel(_rotary_kernel, ptrs,
-                   {"HALF": 32, "BLOCK_H": 32, "BLOCK_HALF": 32, "BLOCK_PASS": 64})
+                   {"HALF": 32, "BLOCK_HQ": 32, "BLOCK_HK": 8, "BLOCK_HALF": 32, "BLOCK_PASS": 64})
+    compile_kernel(_copy_blocks_kernel, {p: "*i32" for p in ("src_ptr", "dst_ptr", "src_ids_ptr", "dst_ids_ptr")},
+                   {"BLOCK": 2048})
     for cache_dt, qmax, is_int in ((dt, 1.0, False), ("fp8e4nv", 448.0, False), ("i8", 127.0, True)):
         ptrs = {"k_ptr": f"*{dt}", "v_ptr": f"*{dt}", "kc_ptr": f"*{cache_dt}",
                 "vc_ptr": f"*{cache_dt}", "slot_ptr": "*i64", **SCALES}
