@@ -17,7 +17,7 @@ tokens are not paired one to one) and the per-pair median differences, which sho
 With --num-procs 1,2 each pair runs one gateway per value (all started in front of the same fakes:
 direct, gateway, gateway_procs2, direct, ...), the first keeping the name `gateway`; --connections
 spreads the client's streams over that many connections (the kernel spreads connections, not
-streams, over a gateway's processes); the CPU of a gateway is its parent's plus its children's.
+streams, over a gateway's processes); a gateway's CPU is its parent's plus its children's.
 
     python bench/gateway_overhead.py --streams 500 --errors-at 1000 --interval-ms 250
 """
@@ -170,15 +170,15 @@ def delays(arrivals: dict[str, list[float]], emits: dict[str, list[float]]) -> t
     return (arr[:, 0], arr[:, 1]) if pairs else (np.zeros(0), np.zeros(0))
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time so far of a process and its live children (Linux /proc)."""
+def cpu_seconds(pid: int, with_children: bool = False) -> float:
+    """User + system CPU time so far of a process, and of its live children with_children (Linux /proc)."""
     total = 0.0
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except OSError:  # gone
             continue
-        if stat.parent.name == str(pid) or fields[1] == str(pid):  # the process or a child of it
+        if stat.parent.name == str(pid) or (with_children and fields[1] == str(pid)):
             total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return total
 
@@ -191,9 +191,10 @@ async def measure(backend: Timed, streams: int, output_len: int, input_len: int,
     warm = datasets.random_requests(20, input_len, 5, 0.0, 32000, seed=1)
     await run(backend, warm, RunConfig(math.inf, progress=False))  # type: ignore[arg-type]
     backend.reset()
-    load0, cpu0 = os.getloadavg()[0], {name: cpu_seconds(pid) for name, pid in pids.items()}
+    tree = lambda name, pid: cpu_seconds(pid, with_children=name.startswith("gateway"))  # noqa: E731
+    load0, cpu0 = os.getloadavg()[0], {name: tree(name, pid) for name, pid in pids.items()}
     res = await run(backend, reqs, RunConfig(math.inf, max_concurrency=streams, progress=False))  # type: ignore[arg-type]
-    cpu = {name: cpu_seconds(pid) - cpu0[name] for name, pid in pids.items()}
+    cpu = {name: tree(name, pid) - cpu0[name] for name, pid in pids.items()}
     await backend.close()
     ok = [o for o in res.outputs if o.success]
     emits = await read_emits(emit_log, set(backend.arrivals))
