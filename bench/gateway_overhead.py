@@ -14,6 +14,10 @@ direct, gateway, direct, gateway, ... (--repeat pairs, so slow drift of the shar
 both sides alike); `added_per_token_ms` holds the difference of the pooled gateway and pooled direct
 distributions at the median and at p99 (a difference of quantiles, not a quantile of differences:
 tokens are not paired one to one) and the per-pair median differences, which show the noise.
+With --num-procs 1,2 each pair runs one gateway per value (all started in front of the same fakes:
+direct, gateway, gateway_procs2, direct, ...), the first keeping the name `gateway`; --connections
+spreads the client's streams over that many connections (the kernel spreads connections, not
+streams, over a gateway's processes); a gateway's CPU is its parent's plus its children's.
 
     python bench/gateway_overhead.py --streams 500 --errors-at 1000 --interval-ms 250
 """
@@ -77,16 +81,19 @@ class Timed:
 class ViaGateway(Timed):
     """The client as `pdserve bench` runs it, through the real gateway."""
 
-    def __init__(self, address: str, interval: float) -> None:
+    def __init__(self, address: str, interval: float, connections: int = 1) -> None:
         super().__init__(interval)
-        self.client = AsyncClient(address)
+        self.clients = [AsyncClient(address, own_connection=connections > 1) for _ in range(connections)]
+        self.sent = 0
 
     async def send(self, req: BenchRequest) -> RequestOutput:
         out, seen, rid = RequestOutput(prompt_len=req.prompt_len), [], ""
         out.start = time.monotonic()
         request = build_request(token_ids=req.prompt_ids, max_tokens=req.output_len, temperature=0.0, ignore_eos=True)
+        client = self.clients[self.sent % len(self.clients)]
+        self.sent += 1
         try:
-            async for msg in self.client.stream(request):
+            async for msg in client.stream(request):
                 now = time.monotonic()
                 if msg.HasField("chunk") and msg.chunk.token_ids:
                     self.got(out, seen, len(msg.chunk.token_ids), now)
@@ -99,7 +106,8 @@ class ViaGateway(Timed):
         return self.done(out, rid, seen)
 
     async def close(self) -> None:
-        await self.client.close()
+        for c in self.clients:
+            await c.close()
 
 
 class Direct(Timed):
@@ -162,10 +170,17 @@ def delays(arrivals: dict[str, list[float]], emits: dict[str, list[float]]) -> t
     return (arr[:, 0], arr[:, 1]) if pairs else (np.zeros(0), np.zeros(0))
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def cpu_seconds(pid: int, with_children: bool = False) -> float:
+    """User + system CPU time so far of a process, and of its live children with_children (Linux /proc)."""
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone
+            continue
+        if stat.parent.name == str(pid) or (with_children and fields[1] == str(pid)):
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 async def measure(backend: Timed, streams: int, output_len: int, input_len: int, emit_log: Path,
@@ -176,9 +191,10 @@ async def measure(backend: Timed, streams: int, output_len: int, input_len: int,
     warm = datasets.random_requests(20, input_len, 5, 0.0, 32000, seed=1)
     await run(backend, warm, RunConfig(math.inf, progress=False))  # type: ignore[arg-type]
     backend.reset()
-    load0, cpu0 = os.getloadavg()[0], {name: cpu_seconds(pid) for name, pid in pids.items()}
+    tree = lambda name, pid: cpu_seconds(pid, with_children=name.startswith("gateway"))  # noqa: E731
+    load0, cpu0 = os.getloadavg()[0], {name: tree(name, pid) for name, pid in pids.items()}
     res = await run(backend, reqs, RunConfig(math.inf, max_concurrency=streams, progress=False))  # type: ignore[arg-type]
-    cpu = {name: cpu_seconds(pid) - cpu0[name] for name, pid in pids.items()}
+    cpu = {name: tree(name, pid) - cpu0[name] for name, pid in pids.items()}
     await backend.close()
     ok = [o for o in res.outputs if o.success]
     emits = await read_emits(emit_log, set(backend.arrivals))
@@ -207,10 +223,28 @@ async def measure(backend: Timed, streams: int, output_len: int, input_len: int,
     }
 
 
+def side_name(i: int, num_procs: int) -> str:
+    """The record (and process) name of the i-th gateway of --num-procs: the first is `gateway`."""
+    return "gateway" if i == 0 else f"gateway_procs{num_procs}"
+
+
+def start_gateways(stack: FakeStack, num_procs: list[int]) -> dict[str, str]:
+    """side name -> address; the stack's own gateway runs num_procs[0], one more per other value."""
+    w = stack.workers
+    sides = {"gateway": stack.gateway}
+    extra = [stack.spawn(side_name(i, n), "gateway", [f"--prefill={w['fake-prefill']}", f"--decode={w['fake-decode']}",
+                                                      "--num-procs", str(n)])
+             for i, n in enumerate(num_procs) if i > 0]
+    stack.wait(extra, 300)
+    return sides | {p.name: p.address for p in extra}
+
+
 async def experiment(args: argparse.Namespace, stack: FakeStack, emit_log: Path) -> dict[str, Any]:
-    """--repeat pairs of direct (baseline) and gateway runs at --streams, then the gateway at --errors-at."""
+    """--repeat rounds of direct (baseline) and one run per gateway at --streams, then the first gateway
+    at --errors-at."""
     interval = args.interval_ms / 1000.0
     w = stack.workers
+    gateways = start_gateways(stack, args.num_procs)
     pids = {name: proc.popen.pid for name, proc in stack.procs.items()} | {"client": os.getpid()}
     pairs: list[dict[str, Any]] = []
     for _ in range(args.repeat):
@@ -218,14 +252,16 @@ async def experiment(args: argparse.Namespace, stack: FakeStack, emit_log: Path)
         if not args.no_direct:
             pair["direct"] = await measure(Direct(w["fake-prefill"], w["fake-decode"], interval), args.streams,
                                            args.output_len, args.input_len, emit_log, pids)
-        pair["gateway"] = await measure(ViaGateway(stack.gateway, interval), args.streams, args.output_len,
-                                        args.input_len, emit_log, pids)
+        for side, address in gateways.items():
+            pair[side] = await measure(ViaGateway(address, interval, args.connections), args.streams,
+                                       args.output_len, args.input_len, emit_log, pids)
         pairs.append(pair)
     out: dict[str, Any] = dict(pairs[0])  # the first pair keeps the old fields ("direct", "gateway")
     if len(pairs) > 1:
         out["repeats"] = pairs[1:]
     if args.errors_at:
-        out[f"gateway_{args.errors_at}"] = await measure(ViaGateway(stack.gateway, interval), args.errors_at,
+        out[f"gateway_{args.errors_at}"] = await measure(ViaGateway(stack.gateway, interval, args.connections),
+                                                         args.errors_at,
                                                          args.output_len, args.input_len, emit_log, pids)
     gw = out["gateway"]
     steady = gw["token_delay_steady_ms"]
@@ -235,6 +271,8 @@ async def experiment(args: argparse.Namespace, stack: FakeStack, emit_log: Path)
                                 if "direct" in out else None)}
     if "direct" in out:
         out["added_per_token_ms"] = added(pairs)
+        for side in list(gateways)[1:]:
+            out[f"added_per_token_ms_{side}"] = added(pairs, side)
     big = out.get(f"gateway_{args.errors_at}", {})
     added_or_bound = out.get("added_per_token_ms", {}).get("pooled", steady)
     out["met"] = {"median": added_or_bound["median"] <= 1.0, "p99": added_or_bound["p99"] <= 5.0,
@@ -242,23 +280,28 @@ async def experiment(args: argparse.Namespace, stack: FakeStack, emit_log: Path)
                   "upper_bound_median": steady["median"] <= 1.0, "upper_bound_p99": steady["p99"] <= 5.0,
                   "no_errors": big.get("errors") == 0 if args.errors_at else None,
                   "streams_complete": all(p["gateway"]["completed"] == args.streams for p in pairs)}
+    for side in list(gateways)[1:]:
+        pooled = out.get(f"added_per_token_ms_{side}", {}).get("pooled")
+        if pooled is not None:
+            out["met"][side] = {"median": pooled["median"] <= 1.0, "p99": pooled["p99"] <= 5.0,
+                                "streams_complete": all(p[side]["completed"] == args.streams for p in pairs)}
     return out
 
 
-def added(pairs: list[dict[str, Any]]) -> dict[str, Any]:
-    """What the gateway adds: pooled gateway minus pooled direct steady-state delays, at the median and
-    p99, with both pooled distributions, and the median difference of each pair."""
-    pooled = {side: np.concatenate([p[side]["steady_delays_s"] for p in pairs]) for side in ("direct", "gateway")}
-    dist = {side: _pct(v) for side, v in pooled.items()}
+def added(pairs: list[dict[str, Any]], side: str = "gateway") -> dict[str, Any]:
+    """What the gateway `side` adds: its pooled minus pooled direct steady-state delays, at the median
+    and p99, with both pooled distributions, and the median difference of each pair."""
+    pooled = {s: np.concatenate([p[s]["steady_delays_s"] for p in pairs]) for s in ("direct", side)}
+    dist = {s: _pct(v) for s, v in pooled.items()}
     return {
         "pairs": len(pairs),
-        "pooled": {k: dist["gateway"][k] - dist["direct"][k] for k in ("median", "p90", "p99")},
-        "direct_pooled_ms": dist["direct"], "gateway_pooled_ms": dist["gateway"],
-        "per_pair_median": [p["gateway"]["token_delay_steady_ms"]["median"] - p["direct"]["token_delay_steady_ms"]["median"]
+        "pooled": {k: dist[side][k] - dist["direct"][k] for k in ("median", "p90", "p99")},
+        "direct_pooled_ms": dist["direct"], "gateway_pooled_ms": dist[side],
+        "per_pair_median": [p[side]["token_delay_steady_ms"]["median"] - p["direct"]["token_delay_steady_ms"]["median"]
                             for p in pairs],
-        "per_pair_p99": [p["gateway"]["token_delay_steady_ms"]["p99"] - p["direct"]["token_delay_steady_ms"]["p99"]
+        "per_pair_p99": [p[side]["token_delay_steady_ms"]["p99"] - p["direct"]["token_delay_steady_ms"]["p99"]
                          for p in pairs],
-        "gateway_cpu_us_per_token": [p["gateway"]["cpu_us_per_token"].get("gateway") for p in pairs],
+        "gateway_cpu_us_per_token": [p[side]["cpu_us_per_token"].get(side) for p in pairs],
     }
 
 
@@ -272,26 +315,32 @@ def main() -> None:
     p.add_argument("--input-len", type=int, default=64)
     p.add_argument("--no-direct", action="store_true", help="skip the direct (no gateway) baseline")
     p.add_argument("--repeat", type=int, default=1, help="pairs of (direct, gateway) runs, alternating")
+    p.add_argument("--num-procs", type=_procs_list, default=[1],
+                   help="gateway --num-procs; a list (1,2) runs one gateway per value in each round")
+    p.add_argument("--connections", type=int, default=1, help="client connections to a gateway (round robin)")
     p.add_argument("--label", default="", help="a note stored with the run")
     p.add_argument("--out", default=None, help="default bench/results/gateway-overhead-cpu-<date>.json; runs append")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         emit_log = Path(tmp) / "emits.txt"
         emit_log.touch()
-        with FakeStack(interval_ms=args.interval_ms, slots=args.slots, emit_log=str(emit_log)) as stack:
+        with FakeStack(interval_ms=args.interval_ms, slots=args.slots, emit_log=str(emit_log),
+                       gateway_args=["--num-procs", str(args.num_procs[0])]) as stack:
             doc = asyncio.run(experiment(args, stack, emit_log))
             doc["log_tails"] = {name: proc.lines[-10:] for name, proc in stack.procs.items()}
     date = time.strftime("%Y-%m-%d", time.gmtime())
     head = {"date": date, "time_utc": time.strftime("%H:%M:%S", time.gmtime()), "commit": _commit(),
             "machine": _machine(), "command": "python " + " ".join(sys.argv), "label": args.label,
             "interval_ms": args.interval_ms, "slots": args.slots, "streams": args.streams,
+            "num_procs": {side_name(i, n): n for i, n in enumerate(args.num_procs)}, "connections": args.connections,
             "offered_tokens_per_s": args.streams * 1000.0 / args.interval_ms}
     run_doc = _without_samples({**head, **doc})
     out = Path(args.out or Path(__file__).parent / "results" / f"gateway-overhead-cpu-{date}.json")
     report.save_json(out, _append(out, run_doc))
-    print(json.dumps({k: run_doc[k] for k in ("gateway_added_per_token_ms", "added_per_token_ms", "met")
-                      if k in run_doc}, indent=1))
-    named = [(name, run_doc[name]) for name in ("direct", "gateway", f"gateway_{args.errors_at}") if name in run_doc]
+    print(json.dumps({k: v for k, v in run_doc.items() if k.startswith(("gateway_added", "added_per_token", "met"))},
+                     indent=1))
+    named = [(name, run_doc[name]) for name in ("direct", *head["num_procs"], f"gateway_{args.errors_at}")
+             if name in run_doc]
     named += [(f"{side} (pair {i + 2})", r) for i, p in enumerate(run_doc.get("repeats", [])) for side, r in p.items()]
     for name, r in named:
         if r:
@@ -302,6 +351,13 @@ def main() -> None:
 
 
 METHOD = __doc__.split("\n\n")[1]
+
+
+def _procs_list(text: str) -> list[int]:
+    values = [int(v) for v in text.split(",") if v]
+    if not values or min(values) < 1 or len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"distinct integers >= 1, comma-separated, got {text!r}")
+    return values
 
 
 def _without_samples(doc: Any) -> Any:

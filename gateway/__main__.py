@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
+import os
 import sys
 
 log = logging.getLogger("gateway")
@@ -12,6 +13,7 @@ SERVICE = "pdserve-gateway"
 
 
 def parser() -> argparse.ArgumentParser:
+    from gateway import procs
     from pdserve.metrics import add_otlp_metrics_arg
     from pdserve.worker import add_model_args
 
@@ -29,6 +31,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds in-flight requests may take to finish after SIGTERM")
     p.add_argument("--health-period", type=float, default=0.5, help="seconds between worker health/stats polls")
+    procs.add_args(p)
     return p
 
 
@@ -65,7 +68,8 @@ async def amain(args: argparse.Namespace) -> None:
     generation, router = build(args)
     monitor = Monitor(router, period_s=args.health_period)
     monitor.start()
-    server = serving.new_server()
+    shared = args.proc_index is not None  # one of --num-procs processes on the same ports
+    server = serving.new_server(reuse_port=shared)
     gateway_metrics = metrics.GatewayMetrics()
     metrics.serve(args.metrics_port, gateway_metrics.registry, args.host)
     otlp = metrics.export_otlp(args.otlp_metrics_endpoint, gateway_metrics.registry, SERVICE)
@@ -77,7 +81,7 @@ async def amain(args: argparse.Namespace) -> None:
 
     async def on_start() -> None:
         if args.http_port is not None:
-            await http.start(args.host, args.http_port)
+            await http.start(args.host, args.http_port, reuse_port=shared)
         # Everything built so far (transformers, the tokenizer, torch: ~300k objects) lives until
         # exit; frozen, full collections stop walking it (a py-spy profile at 500 streams had the
         # collector at ~11% of the gateway's samples before, ~7% after).
@@ -89,6 +93,8 @@ async def amain(args: argparse.Namespace) -> None:
             log.warning("drain timeout: %d requests still in flight", generation.admission.active)
 
     async def on_stop() -> None:
+        log.info("gateway process %s (pid %d) served %d requests", args.proc_index or 0, os.getpid(),
+                 generation.admission.admitted)
         await http.stop()
         await monitor.stop()
         await router.close()
@@ -100,9 +106,18 @@ async def amain(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from pdserve.serving import run_service
+    from gateway import procs
+    from pdserve.serving import run_service, setup_logging
 
-    run_service(parser().parse_args(argv), amain, SERVICE)
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser().parse_args(argv)
+    procs.check_args(args)
+    if procs.is_child(args):
+        procs.child_setup(args)
+    elif args.num_procs > 1:
+        setup_logging(args.log_level)
+        sys.exit(procs.supervise(args, argv, SERVICE))
+    run_service(args, amain, SERVICE)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ class Admission:
         self.retry_after_ms = retry_after_ms
         self.queued = 0
         self.active = 0
+        self.admitted = 0  # requests admitted so far
         self.draining = False
         self.idle = asyncio.Event()
         self.idle.set()
@@ -57,6 +58,7 @@ class Admission:
                                f"{self.max_queued}); retry later", retry_after_ms=self.retry_after_ms)
         self.queued += 1
         self.active += 1
+        self.admitted += 1
         self.idle.clear()
         return Ticket(self)
 

@@ -70,10 +70,11 @@ class OpenAIServer:
                              web.post("/v1/completions", self.completions),
                              web.post("/v1/chat/completions", self.chat)])
 
-    async def start(self, host: str, port: int) -> None:
+    async def start(self, host: str, port: int, reuse_port: bool = False) -> None:
+        """Listen on host:port; reuse_port shares the port with other gateway processes."""
         self.runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
         await self.runner.setup()
-        await web.TCPSite(self.runner, host, port).start()
+        await web.TCPSite(self.runner, host, port, reuse_port=reuse_port or None).start()
 
     async def stop(self) -> None:
         if self.runner is not None:

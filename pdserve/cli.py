@@ -14,6 +14,7 @@ def _up(argv: list[str]) -> None:
     p.add_argument("--colocated", action="store_true", help="one worker runs prefill and decode (no KV transfer)")
     p.add_argument("--model", default=None)
     p.add_argument("--port", type=int, default=50051, help="gateway port")
+    p.add_argument("--gateway-procs", default="1", help="the gateway's --num-procs")
     p.add_argument("--demo", action="store_true", help=f"ask {DEMO_QUESTION!r} once everything is up")
     p.add_argument("--quiet", action="store_true", help="do not echo the services' logs")
     p.add_argument("--speculative-config", default=None,
@@ -27,7 +28,7 @@ def _up(argv: list[str]) -> None:
     print(f"starting {'a colocated worker' if args.colocated else 'prefill, decode'} and gateway ...", flush=True)
     decode_args = ["--speculative-config", args.speculative_config] if args.speculative_config else []
     stack = Stack(model=str(model), worker_args=worker_args, echo=not args.quiet, colocated=args.colocated,
-                  decode_args=decode_args)
+                  decode_args=decode_args, gateway_args=["--num-procs", args.gateway_procs])
     stack.start(gateway_port=args.port)
     try:
         for name, proc in stack.procs.items():

@@ -77,8 +77,11 @@ class Client:
 class AsyncClient:
     """asyncio client; cancel the consuming task (or use a timeout) to abort a request."""
 
-    def __init__(self, address: str) -> None:
-        self.channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
+    def __init__(self, address: str, own_connection: bool = False) -> None:
+        # Channels to one address share one connection unless own_connection; a gateway with
+        # --num-procs spreads connections, not requests, over its processes.
+        local = [("grpc.use_local_subchannel_pool", 1)] if own_connection else []
+        self.channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS + local)
         self.stub = gateway_pb2_grpc.GatewayStub(self.channel)
 
     async def stream(self, request: gateway_pb2.GenerateRequest, timeout: float | None = None) -> AsyncIterator[gateway_pb2.GenerateResponse]:

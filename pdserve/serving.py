@@ -60,8 +60,11 @@ def sampling_from_wire(w: worker_pb2.WorkerSampling) -> SamplingParams:
     return p
 
 
-def new_server() -> grpc.aio.Server:
-    return grpc.aio.server(options=GRPC_OPTIONS + SERVER_KEEPALIVE)
+def new_server(reuse_port: bool = False) -> grpc.aio.Server:
+    """A grpc.aio server; reuse_port lets several processes bind one port (SO_REUSEPORT), which is
+    off by default so that a second server on a taken port fails instead of sharing it."""
+    options = [o for o in GRPC_OPTIONS if o[0] != "grpc.so_reuseport"] + [("grpc.so_reuseport", int(reuse_port))]
+    return grpc.aio.server(options=options + SERVER_KEEPALIVE)
 
 
 def add_health(server: grpc.aio.Server, services: list[str]) -> health.aio.HealthServicer:
