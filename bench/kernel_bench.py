@@ -90,9 +90,11 @@ def bench_decode_quant(seqs: int, context: int, copy_gbs: float, kv: str = "fp8_
     kv_bytes = seqs * context * HK * (D + 4) * 2
     part = default_partition_size(seqs, HK, context, q.device)
     variants = [("auto", lambda: paged_decode_attention(q, kc, vc, tables, lens, D**-0.5, ks, vs))]
-    for bn, warps in ((128, 4), (64, 8), (128, 8), (32, 4)):
-        variants.append((f"block_n={bn} warps={warps}", lambda bn=bn, w=warps: decode_with_partitions(
-            q, kc, vc, tables, lens, D**-0.5, part, ks, vs, block_n=bn, num_warps=w)))
+    for bn, warps, stages in ((64, 4, 2), (128, 4, 3), (128, 4, 4), (256, 4, 2), (256, 8, 3), (128, 2, 2)):
+        variants.append((f"block_n={bn} warps={warps} stages={stages}",
+                         lambda bn=bn, w=warps, st=stages: decode_with_partitions(
+                             q, kc, vc, tables, lens, D**-0.5, part, ks, vs, block_n=bn, num_warps=w,
+                             num_stages=st)))
     rows = []
     for name, fn in variants:
         ms = _ms(fn)

@@ -134,19 +134,17 @@ def timed_generate(runner: ModelRunner, prompts, params, cfg, verifier=None) -> 
     stats = SpecStats()
     sync()
     t0 = time.perf_counter()
-    if cfg is None:
-        generate(runner, prompts, params)
-    else:
-        generate_speculative(runner, prompts, params, cfg, stats=stats, verifier=verifier)
+    # the same loop with and without drafts (cfg None): only speculation differs
+    generate_speculative(runner, prompts, params, cfg, stats=stats, verifier=verifier)
     sync()
     return time.perf_counter() - t0, stats
 
 
 def ngram(runner: ModelRunner, prompts, params, verifier) -> tuple[float, float]:
     """(plain seconds / speculative seconds, acceptance rate); one warm-up each."""
-    timed_generate(runner, prompts[:1], params, None)
+    timed_generate(runner, prompts[:1], params, None, verifier)
     timed_generate(runner, prompts[:1], params, NGRAM, verifier)
-    plain, _ = timed_generate(runner, prompts, params, None)
+    plain, _ = timed_generate(runner, prompts, params, None, verifier)
     spec, stats = timed_generate(runner, prompts, params, NGRAM, verifier)
     return plain / spec, stats.acceptance_rate
 

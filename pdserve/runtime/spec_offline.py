@@ -23,22 +23,23 @@ def generate_speculative(
     runner: ModelRunner,
     prompts: list[list[int]],
     params: SamplingParams,
-    cfg: SpeculativeConfig,
+    cfg: SpeculativeConfig | None,
     eos_token_ids: Sequence[int] = (),
     stats: SpecStats | None = None,
     verifier: SpeculativeRunner | None = None,
 ) -> list[list[int]]:
     """Like offline.generate, with speculation; `stats` (if given) collects acceptance counts.
+    cfg None: the same loop without drafts (plain decoding, a like-for-like baseline).
     `verifier` (a SpeculativeRunner over `runner`, e.g. with verify graphs) runs the steps."""
     params.validate()
     stats = stats if stats is not None else SpecStats()
-    k = cfg.num_speculative_tokens
+    k = cfg.num_speculative_tokens if cfg is not None else 0
     # room for drafts past the last kept token: their KV is written, then overwritten
     tables = _allocate(runner, [len(p) + params.max_tokens + k for p in prompts])
     stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))
     suppress = tuple(sorted(stops))
     outs: list[list[int]] = [[] for _ in prompts]
-    props = [NgramProposer(cfg) for _ in prompts]
+    props = [NgramProposer(cfg or SpeculativeConfig()) for _ in prompts]
     for p, prompt in zip(props, prompts):
         p.extend(prompt)
     first = StepInput(tuple(
@@ -69,8 +70,8 @@ def _spec_slice(
     params: SamplingParams, suppress: tuple[int, ...], k: int, max_len: int,
 ) -> SeqSlice:
     """Last token + drafts, bounded as in the serving scheduler (core/spec_schedule.py)."""
-    limit = draft_limit(Seq(str(i), prompt, params, output_ids=out), k, max_len)
-    drafts = prop.propose(limit=limit)
+    limit = draft_limit(Seq(str(i), prompt, params, output_ids=out), k, max_len) if k else 0
+    drafts = prop.propose(limit=limit) if limit > 0 else ()
     start = len(prompt) + len(out) - 1
     rows = suppress if len(out) < params.min_tokens else ()
     return SeqSlice(str(i), (out[-1], *drafts), start, table, params, True, rows, len(drafts))

@@ -158,8 +158,10 @@ class CudaIpcKvSender(TcpKvSender):
             peer = layout_from_proto(reply.layout)
             if peer.compat_hash() != self.layout.compat_hash():
                 raise LayoutMismatch(mismatch_message(self.layout, peer))
-            self._mapped[address] = map_pool(reply.pool_export, self.layout)
-            return self._mapped[address]
+            remote = map_pool(reply.pool_export, self.layout)
+            CudaCopier(remote.device).warm_up(remote)
+            self._mapped[address] = remote
+            return remote
 
 
 class Copier(Protocol):
@@ -185,16 +187,14 @@ class CudaCopier:
         self._copy_blocks = copy_blocks
         self._device = device
         self._stream = torch.cuda.Stream(device=device)
+        self._ids: dict[tuple[tuple[int, ...], tuple[int, ...]], torch.Tensor] = {}
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor, layer: int, src_ids: Sequence[int],
              dst_ids: Sequence[int]) -> None:
-        # Pinned + non_blocking: a pageable host-to-device copy would synchronise the copy
-        # stream, i.e. make the CPU wait for the engine's queued layers at every push.
-        ids_host = torch.tensor([list(src_ids), list(dst_ids)], dtype=torch.int32, pin_memory=True)
+        ids = self._device_ids(tuple(src_ids), tuple(dst_ids))
         current = torch.cuda.current_stream(self._device)
         self._stream.wait_stream(current)
         with torch.cuda.stream(self._stream):
-            ids = ids_host.to(self._device, non_blocking=True)
             if dst.device == src.device:
                 self._copy_blocks(src[layer], dst[layer], ids[0], ids[1])
             else:  # a peer GPU's pool: gather here, then one peer-to-peer copy (untested: 1 GPU)
@@ -202,6 +202,24 @@ class CudaCopier:
                 dst[layer].index_copy_(1, ids[1].to(dst.device).long(), raw.to(dst.device))
         if layer == src.shape[0] - 1:
             current.wait_stream(self._stream)
+
+    def _device_ids(self, src_ids: tuple[int, ...], dst_ids: tuple[int, ...]) -> torch.Tensor:
+        """[2, n] int32 ids on the device, uploaded once per block set (every layer reuses
+        them). The upload is queued on the copy stream before it waits for the engine's
+        stream, so the host does not wait for the forward."""
+        key = (src_ids, dst_ids)
+        ids = self._ids.get(key)
+        if ids is None:
+            with torch.cuda.stream(self._stream):
+                ids = torch.tensor([src_ids, dst_ids], dtype=torch.int32, device=self._device)
+            self._ids[key] = ids
+        return ids
+
+    def warm_up(self, pool: torch.Tensor) -> None:
+        """Compile the block-copy kernel for this pool's block shape now, not in the first push."""
+        scratch = torch.zeros((2, 2, *pool.shape[3:]), dtype=pool.dtype, device=pool.device)
+        ids = torch.tensor([0], dtype=torch.int32, device=pool.device)
+        self._copy_blocks(scratch, scratch, ids, ids + 1)  # queued on this thread's stream; no wait
 
     def synchronize(self) -> None:
         self._stream.synchronize()
