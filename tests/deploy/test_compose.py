@@ -4,6 +4,7 @@ and every service command parsed by pdserve's own argument parsers (a mistyped f
 from __future__ import annotations
 
 import importlib
+import re
 from pathlib import Path
 
 import pytest
@@ -20,10 +21,15 @@ def compose() -> dict:
     return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 
 
+def interpolate(arg: str) -> str:
+    """Compose's ${VAR:-default} with VAR unset: the default (the file's own defaults are tested)."""
+    return re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", arg)
+
+
 def parse(command: list[str]):
     """The service's own parser applied to the command (python -m MODULE ARGS...)."""
     module, *args = command
-    return importlib.import_module(f"{module}.__main__").parser().parse_args(args)
+    return importlib.import_module(f"{module}.__main__").parser().parse_args([interpolate(a) for a in args])
 
 
 def test_services_and_images(compose):
