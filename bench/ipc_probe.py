@@ -70,7 +70,10 @@ def main() -> None:
         fn()
         print(f"{label:44s} host {1e3 * (time.perf_counter() - t0):8.3f} ms", flush=True)
     torch.cuda.synchronize()
-    handle.finish(timeout=60)
+    try:
+        handle.finish(timeout=60)
+    except Exception as err:  # noqa: BLE001 - a partial transfer may be refused; only timing matters
+        print("finish:", err)
     sender.close()
     peer.close()
 
