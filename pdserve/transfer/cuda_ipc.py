@@ -126,6 +126,7 @@ class CudaIpcKvSender(TcpKvSender):
     def __init__(self, layout: KvLayout, **kw: Any) -> None:
         super().__init__(layout, **kw)
         self._mapped: dict[str, torch.Tensor] = {}
+        self._copiers: dict[torch.device, CudaCopier] = {}  # one copy stream per device, shared
         self._map_lock = threading.Lock()
 
     def start(self, target: KvTargetSpec, kv_pool: torch.Tensor) -> _IpcSendHandle:
@@ -139,7 +140,15 @@ class CudaIpcKvSender(TcpKvSender):
         if any(not 0 <= b < remote.shape[2] for b in target.block_ids):
             raise ValueError(f"target blocks outside the decode pool of {remote.shape[2]} blocks")
         return _IpcSendHandle(target, kv_pool, self.layout, stub, self._call_timeout, remote,
-                              CudaCopier(kv_pool.device), self._handshake_timeout)
+                              self._copier(kv_pool.device), self._handshake_timeout)
+
+    def _copier(self, device: torch.device) -> CudaCopier:
+        """The device's copier. One stream for every handle: a new stream per request would
+        make its first allocation a cudaMalloc, which waits for the whole device."""
+        with self._map_lock:
+            if device not in self._copiers:
+                self._copiers[device] = CudaCopier(device)
+            return self._copiers[device]
 
     def close(self) -> None:
         """Unmap the peers' pools and close the channels."""
@@ -159,7 +168,7 @@ class CudaIpcKvSender(TcpKvSender):
             if peer.compat_hash() != self.layout.compat_hash():
                 raise LayoutMismatch(mismatch_message(self.layout, peer))
             remote = map_pool(reply.pool_export, self.layout)
-            CudaCopier(remote.device).warm_up(remote)
+            self._copier(remote.device).warm_up(remote)
             self._mapped[address] = remote
             return remote
 
@@ -172,6 +181,9 @@ class Copier(Protocol):
              dst_ids: Sequence[int]) -> None: ...
 
     def synchronize(self) -> None: ...
+
+
+_ID_CACHE = 256  # block-id sets kept on the device (each request step pushes one per layer)
 
 
 class CudaCopier:
@@ -187,7 +199,8 @@ class CudaCopier:
         self._copy_blocks = copy_blocks
         self._device = device
         self._stream = torch.cuda.Stream(device=device)
-        self._ids: dict[tuple[tuple[int, ...], tuple[int, ...]], torch.Tensor] = {}
+        self._ids: dict[tuple[tuple[int, ...], tuple[int, ...]], torch.Tensor] = {}  # FIFO, bounded
+        self._lock = threading.Lock()  # handles of several requests push from the engine thread
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor, layer: int, src_ids: Sequence[int],
              dst_ids: Sequence[int]) -> None:
@@ -208,18 +221,23 @@ class CudaCopier:
         them). The upload is queued on the copy stream before it waits for the engine's
         stream, so the host does not wait for the forward."""
         key = (src_ids, dst_ids)
-        ids = self._ids.get(key)
-        if ids is None:
-            with torch.cuda.stream(self._stream):
-                ids = torch.tensor([src_ids, dst_ids], dtype=torch.int32, device=self._device)
-            self._ids[key] = ids
+        with self._lock:
+            ids = self._ids.get(key)
+            if ids is None:
+                with torch.cuda.stream(self._stream):
+                    ids = torch.tensor([src_ids, dst_ids], dtype=torch.int32, device=self._device)
+                self._ids[key] = ids
+                if len(self._ids) > _ID_CACHE:  # freed in stream order: a queued copy keeps it
+                    del self._ids[next(iter(self._ids))]
         return ids
 
     def warm_up(self, pool: torch.Tensor) -> None:
-        """Compile the block-copy kernel for this pool's block shape now, not in the first push."""
-        scratch = torch.zeros((2, 2, *pool.shape[3:]), dtype=pool.dtype, device=pool.device)
-        ids = torch.tensor([0], dtype=torch.int32, device=pool.device)
-        self._copy_blocks(scratch, scratch, ids, ids + 1)  # queued on this thread's stream; no wait
+        """Compile the block-copy kernel for this pool's block shape and give the copy stream
+        its first memory segment now, not in the first push (a cudaMalloc waits for the device)."""
+        with torch.cuda.stream(self._stream):
+            scratch = torch.zeros((2, 2, *pool.shape[3:]), dtype=pool.dtype, device=pool.device)
+            ids = torch.tensor([0], dtype=torch.int32, device=pool.device)
+            self._copy_blocks(scratch, scratch, ids, ids + 1)
 
     def synchronize(self) -> None:
         self._stream.synchronize()
