@@ -127,6 +127,7 @@ class CudaIpcKvSender(TcpKvSender):
         super().__init__(layout, **kw)
         self._mapped: dict[str, torch.Tensor] = {}
         self._copiers: dict[torch.device, CudaCopier] = {}  # one copy stream per device, shared
+        self._copier_lock = threading.Lock()  # not _map_lock: _remote() calls _copier() under it
         self._map_lock = threading.Lock()
 
     def start(self, target: KvTargetSpec, kv_pool: torch.Tensor) -> _IpcSendHandle:
@@ -145,7 +146,7 @@ class CudaIpcKvSender(TcpKvSender):
     def _copier(self, device: torch.device) -> CudaCopier:
         """The device's copier. One stream for every handle: a new stream per request would
         make its first allocation a cudaMalloc, which waits for the whole device."""
-        with self._map_lock:
+        with self._copier_lock:
             if device not in self._copiers:
                 self._copiers[device] = CudaCopier(device)
             return self._copiers[device]
