@@ -24,6 +24,8 @@ part() {  # part NAME SECONDS CMD...: run with a time limit, log to $OUT/NAME.lo
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader
 TAIL=25 part transfer "${T_TRANSFER:-170}" python3 bench/transfer.py --backends cuda_ipc --reps 3 --out "$OUT/transfer.json"
 TAIL=12 part gpu_tests "${T_TESTS:-200}" python3 -m pytest -q -m gpu -p no:cacheprovider --ignore=tests/e2e/test_openai_http.py ${TESTS:-tests}
+# tests/kernels are not gpu-marked (they run on CUDA when it is there): name them, or -m gpu drops them
+TAIL=6 part kernel_tests "${T_KTESTS:-150}" python3 -m pytest -q -p no:cacheprovider tests/kernels
 TAIL=20 part kvquant "${T_KVQ:-90}" python3 bench/kvquant.py --out "$OUT/kvquant.json"
 TAIL=40 part profile "${T_PROF:-80}" python3 bench/profile_decode.py --out "$OUT/profile.json"
 TAIL=14 part kernels "${T_KERN:-50}" python3 bench/kernel_bench.py --out "$OUT/kernels.json"

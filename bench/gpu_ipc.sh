@@ -9,7 +9,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 unset TRITON_INTERPRET
 timeout 90 python3 bench/ipc_probe.py 2>&1 | grep -v -i warn | tail -22
-TESTS="tests/transfer/test_transfer_cuda_ipc.py tests/e2e/test_prefix_transfer.py" T_KVQ=0 T_PROF=0 T_KERN=0 \
+TESTS="tests/transfer/test_transfer_cuda_ipc.py tests/e2e/test_prefix_transfer.py" T_KVQ=0 T_PROF=0 T_KERN=0 T_KTESTS=0 \
     bash bench/gpu_diag.sh
 SERVE_BUDGET=100 SERVE_TIMEOUT=170 bash bench/gpu_serve.sh "${1:-unknown}" --modes disaggregated \
     --kv-transfer cuda_ipc --rates 8,16 --num-prompts 48 --num-warmups 4 --trace 2>&1 | grep "rate " | tail -4
