@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 
@@ -21,6 +22,7 @@ def _up(argv: list[str]) -> None:
                    help="JSON for the decode (or colocated) worker, e.g. '{\"method\": \"ngram\", "
                         "\"num_speculative_tokens\": 4}'")
     args, worker_args = p.parse_known_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the services too, like Ctrl-C
     from pdserve.launch import Stack
     from pdserve.model.prepare import resolve_model
 
@@ -44,6 +46,10 @@ def _up(argv: list[str]) -> None:
         pass
     finally:
         stack.stop()
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _stream(address: str, **kw: object) -> None:

@@ -1,0 +1,51 @@
+"""`pdserve up` as a real process: SIGTERM (not only Ctrl-C) stops every service it started."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def _listening(address: str) -> bool:
+    host, port = address.rsplit(":", 1)
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, int(port))) == 0
+
+
+def test_sigterm_stops_every_service(tmp_path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-c", "from pdserve.cli import main; main()", "up", "--quiet", "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    addresses = []
+    try:
+        deadline = time.monotonic() + 240
+        for line in proc.stdout:
+            words = line.split()
+            if len(words) == 2 and words[0] in ("prefill", "decode", "gateway", "colocated"):
+                addresses.append(words[1])
+            if line.startswith("serving on"):
+                break
+            assert time.monotonic() < deadline, "pdserve up did not come up"
+        assert len(addresses) == 3 and all(_listening(a) for a in addresses), addresses
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) is not None
+        end = time.monotonic() + 30
+        while any(_listening(a) for a in addresses) and time.monotonic() < end:
+            time.sleep(0.5)
+        assert not any(_listening(a) for a in addresses), "a service outlived pdserve up"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
