@@ -3,16 +3,7 @@
 # quantization, a decode-step kernel profile and the kernel micro-benchmarks; files to $OUT.
 # Usage on the GPU machine: bash bench/gpu_diag.sh   (each part has its own time limit)
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT="${OUT:-.}"
-if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit
-    export PYTHONPATH=/tmp/site:$PWD
-else
-    export PYTHONPATH=$PWD
-fi
-export PYTHONUNBUFFERED=1
-unset TRITON_INTERPRET
+source "$(dirname "$0")/gpu_env.sh"
 part() {  # part NAME SECONDS CMD...: run with a time limit, log to $OUT/NAME.log, print its tail
     local name=$1 secs=$2; shift 2
     [ "$secs" = 0 ] && return  # a limit of 0 skips the part

@@ -3,11 +3,7 @@
 # bench/transfer.py (via gpu_diag.sh), then a short disaggregated serve run with per-span times.
 # Usage: bash bench/gpu_ipc.sh <commit>
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT="${OUT:-.}"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-unset TRITON_INTERPRET
+source "$(dirname "$0")/gpu_env.sh"
 timeout 90 python3 bench/ipc_probe.py 2>&1 | grep -v -i warn | tail -22
 TESTS="tests/transfer/test_transfer_cuda_ipc.py tests/e2e/test_prefix_transfer.py" T_KVQ=0 T_PROF=0 T_KERN=0 T_KTESTS=0 \
     bash bench/gpu_diag.sh

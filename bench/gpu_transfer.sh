@@ -4,16 +4,7 @@
 # $OUT/transfer.json). nccl is recorded as an error on one GPU (NCCL refuses two ranks on one
 # device); it needs two GPUs. Usage: bash bench/gpu_transfer.sh [extra bench/transfer.py flags]
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT="${OUT:-.}"
-if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit
-    export PYTHONPATH=/tmp/site:$PWD
-else
-    export PYTHONPATH=$PWD
-fi
-export PYTHONUNBUFFERED=1
-unset TRITON_INTERPRET
+source "$(dirname "$0")/gpu_env.sh"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 timeout 120 python3 -m pytest -q -p no:cacheprovider -s tests/transfer/test_transfer_cuda_ipc.py 2>&1 \
     | tee "$OUT/gpu_transfer_tests.log" | tail -15

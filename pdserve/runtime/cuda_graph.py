@@ -15,6 +15,7 @@ work the same and `forward` runs eagerly.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -24,6 +25,26 @@ from pdserve.model.llama import AttnMetadata, LlamaModel
 from pdserve.runtime.staging import int32_tensor
 
 _SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+@torch.inference_mode()
+def capture_graphs(
+    sizes: tuple[int, ...], forward: Callable[[int], torch.Tensor]
+) -> tuple[dict[int, torch.cuda.CUDAGraph], dict[int, torch.Tensor]]:
+    """One graph of forward(b) per size, largest first, all in one memory pool (replays never
+    overlap); returns the graphs and the output tensor each one writes."""
+    graphs: dict[int, torch.cuda.CUDAGraph] = {}
+    outputs: dict[int, torch.Tensor] = {}
+    pool = torch.cuda.graph_pool_handle()
+    for b in reversed(sizes):
+        forward(b)  # warm-up: Triton compiles and autotunes outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            outputs[b] = forward(b)
+        graphs[b] = graph
+    torch.cuda.synchronize()
+    return graphs, outputs
 
 
 def capture_sizes(max_num_seqs: int) -> tuple[int, ...]:
@@ -177,15 +198,5 @@ class DecodeGraphs:
         hidden = self.model.forward(s[:b], s[m : m + b], self._meta(b), self.kv_pool)
         return self.model.compute_logits(hidden)
 
-    @torch.inference_mode()
     def _capture_all(self) -> None:
-        """Largest first, all in one memory pool (replays never overlap)."""
-        pool = torch.cuda.graph_pool_handle()
-        for b in reversed(self.sizes):
-            self.forward(b)  # warm-up: Triton compiles and autotunes outside the capture
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self._logits[b] = self.forward(b)
-            self._graphs[b] = graph
-        torch.cuda.synchronize()
+        self._graphs, self._logits = capture_graphs(self.sizes, self.forward)

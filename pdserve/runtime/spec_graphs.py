@@ -21,6 +21,7 @@ import torch
 
 from pdserve.core.step_io import SeqSlice
 from pdserve.model.llama import AttnMetadata, LlamaModel
+from pdserve.runtime.cuda_graph import capture_graphs
 from pdserve.runtime.staging import int32_tensor
 
 _SIZES = (1, 2, 4, 8, 16, 32)
@@ -59,8 +60,7 @@ class VerifyGraphs:
         self.model, self.kv_pool, self.block_size = model, kv_pool, block_size
         self.k = num_speculative_tokens
         self.num_blocks = kv_pool.shape[2]
-        self.sizes = tuple(b for b in _SIZES if b < max_num_seqs) + (min(max_num_seqs, _SIZES[-1]),)
-        self.sizes = tuple(sorted(set(self.sizes)))
+        self.sizes = tuple(sorted({b for b in _SIZES if b < max_num_seqs} | {min(max_num_seqs, _SIZES[-1])}))
         self.max_batch = m = self.sizes[-1]
         self.max_model_len = max_model_len
         self.width = -(-(max_model_len + self.k + 1) // block_size)
@@ -134,15 +134,5 @@ class VerifyGraphs:
         hidden = self.model.forward(s[: b * r], s[m * r : m * r + b * r], self._meta(b), self.kv_pool)
         return self.model.compute_logits(hidden)
 
-    @torch.inference_mode()
     def _capture_all(self) -> None:
-        """Largest first, all in one memory pool (replays never overlap)."""
-        pool = torch.cuda.graph_pool_handle()
-        for b in reversed(self.sizes):
-            self.forward(b)  # warm-up: Triton compiles outside the capture
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self._logits[b] = self.forward(b)
-            self._graphs[b] = graph
-        torch.cuda.synchronize()
+        self._graphs, self._logits = capture_graphs(self.sizes, self.forward)

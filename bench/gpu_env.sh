@@ -1,0 +1,12 @@
+# Sourced by the bench/gpu_*.sh device scripts: cd to the repo root, install the carried wheels
+# (.whl, see ../shared/tools/device-wheels.sh) into /tmp/site, set PYTHONPATH and OUT.
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit
+OUT="${OUT:-.}"
+if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit
+    export PYTHONPATH=/tmp/site:$PWD
+else
+    export PYTHONPATH=$PWD
+fi
+export PYTHONUNBUFFERED=1
+unset TRITON_INTERPRET
