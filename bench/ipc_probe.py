@@ -1,8 +1,9 @@
-"""Where a cuda_ipc push spends host time (diagnostic; one GPU): `python bench/ipc_probe.py`.
+"""Where a cuda_ipc transfer spends host time (diagnostic; one GPU): `python bench/ipc_probe.py`.
 
-Times, with a decode-side child process holding a Llama-3.1-8B-layout pool: the block-copy kernel
-local->local and local->peer (IPC-mapped), CudaCopier.copy, handle.push per layer; then the same
-first push while the engine stream sleeps ~1 s (a push must not wait for it).
+Times, with a decode-side child process holding a Llama-3.1-8B-layout pool (8k tokens): the
+block-copy kernel local->peer per layer and for all layers at once, CudaCopier.copy, start(),
+handle.push per layer, push_all_layers, drain and finish; then each piece of a push of a new
+block set (odd count) while the engine stream sleeps ~1 s (none may wait for it).
 """
 
 from __future__ import annotations
@@ -16,16 +17,18 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from transfer import LLAMA_8B, KvTargetSpec, Peer, make_sender, pool_for  # noqa: E402
 
-from kernels.copy_blocks import copy_blocks  # noqa: E402
+from kernels.copy_blocks import PoolCopy  # noqa: E402
 
 
-def timed(label: str, fn) -> None:
+def timed(label: str, fn) -> float:
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     fn()
     host = time.perf_counter() - t0
     torch.cuda.synchronize()
-    print(f"{label:44s} host {host * 1e3:8.3f} ms   done {(time.perf_counter() - t0) * 1e3:8.3f} ms", flush=True)
+    done = time.perf_counter() - t0
+    print(f"{label:44s} host {host * 1e3:8.3f} ms   done {done * 1e3:8.3f} ms", flush=True)
+    return done
 
 
 def main() -> None:
@@ -33,18 +36,21 @@ def main() -> None:
     peer = Peer("cuda_ipc", layout, n, "cuda")
     sender = make_sender("cuda_ipc", layout)
     pool = pool_for(layout, n, dev)
-    dst = torch.empty_like(pool)
-    ids = torch.arange(n, dtype=torch.int32, device=dev)
+    nbytes = pool.numel() * pool.element_size()
+    torch.cuda.synchronize()
     blocks = list(range(n))
+    ids = torch.arange(n, dtype=torch.int32, device=dev)
     for rep in range(2):
-        timed(f"[{rep}] 32 x copy_blocks local->local", lambda: [copy_blocks(pool[l], dst[l], ids, ids) for l in range(32)])
         rid = f"p{rep}"
         peer.ask(f"expect {rid} {n}")
         t0 = time.perf_counter()
         handle = sender.start(KvTargetSpec(rid, tuple(blocks), peer.address, layout.compat_hash(), ""), pool)
-        print(f"[{rep}] start {1e3 * (time.perf_counter() - t0):.3f} ms")
+        print(f"[{rep}] start {1e3 * (time.perf_counter() - t0):.3f} ms (first: maps the pool, compiles)")
         remote = sender._mapped[peer.address]
-        timed(f"[{rep}] 32 x copy_blocks local->peer", lambda: [copy_blocks(pool[l], remote[l], ids, ids) for l in range(32)])
+        plan = PoolCopy(pool, remote)
+        timed(f"[{rep}] 32 x PoolCopy layer local->peer", lambda: [plan(ids, ids, l) for l in range(32)])
+        t = timed(f"[{rep}] PoolCopy all layers local->peer", lambda: plan(ids, ids))
+        print(f"[{rep}] all-layers kernel {nbytes / t / 1e9:.1f} GB/s incl. launch", flush=True)
         copier = handle._copier
         timed(f"[{rep}] 32 x CudaCopier.copy", lambda: [copier.copy(remote, pool, l, blocks, blocks) for l in range(32)])
         per = []
@@ -56,31 +62,33 @@ def main() -> None:
                 per.append(time.perf_counter() - t)
         timed(f"[{rep}] 32 x handle.push", pushes)
         print(f"[{rep}] push ms: first {per[0] * 1e3:.3f} median {sorted(per)[16] * 1e3:.3f} max {max(per) * 1e3:.3f}")
+        timed(f"[{rep}] handle.push_all_layers", lambda: handle.push_all_layers(blocks, 0))
         timed(f"[{rep}] drain", handle.drain)
         timed(f"[{rep}] finish", lambda: handle.finish(timeout=60))
         peer.ask(f"forget {rid}")
     rid = "sleepy"
     peer.ask(f"expect {rid} {n}")
     handle = sender.start(KvTargetSpec(rid, tuple(blocks), peer.address, layout.compat_hash(), ""), pool)
-    torch.cuda._sleep(2_000_000_000)
-    for label, fn in (("tensor on a side stream", lambda: _side_tensor(blocks)),
-                      ("first push behind a sleeping engine stream", lambda: handle.push(0, blocks[:7], 0)),
-                      ("second push", lambda: handle.push(1, blocks[:7], 0))):
+    odd = blocks[:7]  # a new block set of an odd count: a fresh id upload
+    copier = handle._copier
+    steps = (("attach answer", lambda: handle._link.wait_attached(10)),
+             ("new ids upload", lambda: copier._device_ids(odd, tuple(odd))),
+             ("copy stream waits for engine", lambda: copier._stream.wait_stream(torch.cuda.current_stream())),
+             ("first push of a new block set", lambda: handle.push(0, blocks[:9], 0)),
+             ("second push", lambda: handle.push(1, blocks[:9], 0)),
+             ("push_all_layers", lambda: handle.push_all_layers(blocks[:11], 0)))
+    for label, fn in steps:
+        torch.cuda._sleep(2_000_000_000)  # ~1 s of engine stream
         t0 = time.perf_counter()
         fn()
-        print(f"{label:44s} host {1e3 * (time.perf_counter() - t0):8.3f} ms", flush=True)
-    torch.cuda.synchronize()
+        print(f"behind a sleeping engine stream: {label:32s} host {1e3 * (time.perf_counter() - t0):8.3f} ms", flush=True)
+        torch.cuda.synchronize()
     try:
         handle.finish(timeout=60)
     except Exception as err:  # noqa: BLE001 - a partial transfer may be refused; only timing matters
         print("finish:", err)
     sender.close()
     peer.close()
-
-
-def _side_tensor(blocks: list[int]) -> None:
-    with torch.cuda.stream(torch.cuda.Stream()):
-        torch.tensor([blocks, blocks], dtype=torch.int32, device="cuda")
 
 
 if __name__ == "__main__":

@@ -5,11 +5,14 @@ python bench/transfer.py --out bench/results/transfer-<device>-<date>.json [--ba
 
 This process is the prefill side (a KvSender over its own pool); it starts the decode side
 (`--role receiver`: a KvReceiver over a pool of the same layout) as a child process, on the same
-device. For each backend and prompt length it moves the KV of one prompt (every layer, pushed
-layer by layer as the engine does) and reports payload GB/s (KV bytes / seconds from start to
-the receiver's ack; median of --reps after one warmup), and its ratio to the copy bandwidth of
-the device measured in the same run (a same-device copy of a large buffer, bytes counted once,
-like the payload: device-to-device on CUDA, memcpy on CPU).
+device. For each backend and prompt length it moves the KV of one prompt twice: every layer in
+one push (push_all_layers, one kernel on cuda_ipc: what the prefill worker does with blocks its
+prefix cache holds) and layer by layer (what it does while computing them), and reports payload
+GB/s (KV bytes / seconds from start to the receiver's ack; median of --reps after one warmup)
+and, for direct writers, the copy phase alone (from after the attach answer until every copy
+landed), each as a ratio to the copy bandwidth of the device measured in the same run (a
+same-device copy of a large buffer, bytes counted once, like the payload: device-to-device on
+CUDA, memcpy on CPU). The headline cuda_ipc_GBps is the all-layers copy phase.
 
 TTFT: the model runner prefills one prompt with no transfer, then with the transfer hooked in
 per layer (the prefill worker's layer-wise overlap: layer l is pushed as soon as it is written,
@@ -156,41 +159,51 @@ def copy_bandwidth(device: torch.device, nbytes: int) -> float:
 
 
 def one_transfer(sender, peer: Peer, pool: torch.Tensor, layout: KvLayout, n_blocks: int,
-                 rid: str, hook_into=None) -> tuple[float, int, float | None]:
+                 rid: str, hook_into=None, all_layers: bool = True) -> tuple[float, int, float | None]:
     """Move blocks 0..n-1 of every layer; returns (seconds from start to ack, bytes, copy-phase
-    GB/s or None). With `hook_into(hook)`, the caller runs the pushes (per layer, from its
-    forward). The copy phase (direct-write backends, which can `drain`): layers 1.. pushed
-    after layer 0 landed (so after the attach answer) until they all landed."""
+    GB/s or None). all_layers: one push_all_layers (one kernel on cuda_ipc), else a push per
+    layer. With `hook_into(hook)`, the caller runs the per-layer pushes from its forward. The
+    copy phase (direct-write backends, which can `drain`): the pushes after the attach answer
+    (a first push of one layer, drained) until they all landed."""
     peer.ask(f"expect {rid} {n_blocks}")
     target = KvTargetSpec(rid, tuple(range(n_blocks)), peer.address, layout.compat_hash(), "")
     blocks = list(range(n_blocks))
     t0 = time.perf_counter()
     handle = sender.start(target, pool)
     copy_gbps = None
-    if hook_into is None:
-        drain = getattr(handle, "drain", None)
-        handle.push(0, blocks, 0)
-        if drain is not None and layout.num_layers > 1:
-            drain()
-            t1 = time.perf_counter()
-            for layer in range(1, layout.num_layers):
-                handle.push(layer, blocks, 0)
-            drain()
-            copy_gbps = (layout.num_layers - 1) * n_blocks * block_bytes(layout) / (time.perf_counter() - t1) / 1e9
+    drain = getattr(handle, "drain", None)
+    if hook_into is not None:
+        hook_into(lambda layer: handle.push(layer, blocks, 0))
+    elif drain is None:
+        if all_layers:
+            handle.push_all_layers(blocks, 0)
         else:
-            for layer in range(1, layout.num_layers):
+            for layer in range(layout.num_layers):
                 handle.push(layer, blocks, 0)
     else:
-        hook_into(lambda layer: handle.push(layer, blocks, 0))
+        handle.push(0, blocks, 0)  # waits for the attach answer; layer 0 is sent again below
+        drain()
+        t1 = time.perf_counter()
+        if all_layers:
+            handle.push_all_layers(blocks, 0)
+        else:
+            for layer in range(layout.num_layers):
+                handle.push(layer, blocks, 0)
+        drain()
+        copy_gbps = layout.num_layers * n_blocks * block_bytes(layout) / (time.perf_counter() - t1) / 1e9
     stats = handle.finish(timeout=600)
     sync(pool.device)
     seconds = time.perf_counter() - t0
     peer.ask(f"forget {rid}")
-    return seconds, stats.bytes, copy_gbps
+    nbytes = layout.num_layers * n_blocks * block_bytes(layout)  # the payload (layer 0 counted once)
+    assert stats.bytes >= nbytes, (stats.bytes, nbytes)
+    return seconds, nbytes, copy_gbps
 
 
 def bench_backend(backend: str, layout: KvLayout, tokens: list[int], reps: int, device: torch.device,
                   copy_gbps: float) -> dict[str, Any]:
+    """Per prompt length: every layer in one push (push_all_layers: what the prefill worker does
+    with blocks it already holds) and layer by layer (what it does while computing them)."""
     n_max = max(tokens) // layout.block_size
     peer = Peer(backend, layout, n_max, str(device))
     sender = make_sender(backend, layout)
@@ -199,19 +212,23 @@ def bench_backend(backend: str, layout: KvLayout, tokens: list[int], reps: int, 
         out: dict[str, Any] = {}
         for n_tok in tokens:
             n = n_tok // layout.block_size
-            runs = [one_transfer(sender, peer, pool, layout, n, f"{n_tok}-{i}") for i in range(reps + 1)]
-            seconds = statistics.median(r[0] for r in runs[1:])
-            gbps = runs[0][1] / seconds / 1e9
-            row = {"bytes": runs[0][1], "seconds": seconds, "GBps": gbps,
-                   "ratio_to_copy": gbps / copy_gbps, "reps": reps}
-            line = ""
-            if runs[0][2] is not None:
-                phase = statistics.median(r[2] for r in runs[1:])
-                row |= {"copy_phase_GBps": phase, "copy_phase_ratio_to_copy": phase / copy_gbps}
-                line = f"  copy phase {phase:7.1f} GB/s ({phase / copy_gbps:.3f})"
+            row: dict[str, Any] = {"reps": reps}
+            for mode, all_layers in (("", True), ("layerwise_", False)):
+                runs = [one_transfer(sender, peer, pool, layout, n, f"{mode}{n_tok}-{i}", all_layers=all_layers)
+                        for i in range(reps + 1)]
+                seconds = statistics.median(r[0] for r in runs[1:])
+                gbps = runs[0][1] / seconds / 1e9
+                row |= {f"{mode}seconds": seconds, f"{mode}GBps": gbps, f"{mode}ratio_to_copy": gbps / copy_gbps}
+                line = ""
+                if runs[0][2] is not None:
+                    phase = statistics.median(r[2] for r in runs[1:])
+                    row |= {f"{mode}copy_phase_GBps": phase, f"{mode}copy_phase_ratio_to_copy": phase / copy_gbps}
+                    line = f"  copy phase {phase:7.1f} GB/s ({phase / copy_gbps:.3f})"
+                row["bytes"] = runs[0][1]
+                print(f"{backend:8s} {n_tok:6d} tokens {'per layer' if mode else 'all layers'}"
+                      f"  {runs[0][1] / 2**20:8.1f} MiB  {seconds * 1e3:8.1f} ms"
+                      f"  {gbps:7.2f} GB/s  ({gbps / copy_gbps:.3f} of copy){line}", flush=True)
             out[str(n_tok)] = row
-            print(f"{backend:8s} {n_tok:6d} tokens  {runs[0][1] / 2**20:8.1f} MiB  {seconds * 1e3:8.1f} ms"
-                  f"  {gbps:7.2f} GB/s  ({gbps / copy_gbps:.3f} of copy){line}", flush=True)
         return out
     finally:
         sender.close()
@@ -251,7 +268,7 @@ def bench_ttft(backend: str, model: dict, tokens: list[int], reps: int, device: 
                 return one_transfer(sender, peer, runner.kv_pool, layout, n, f"ttft-{n_tok}-{i}",
                                     hook_into=lambda hook: runner.execute(step, layer_hook=hook))[0]
 
-            def after_prefill(i: int) -> float:  # no overlap: prefill, then push every layer
+            def after_prefill(i: int) -> float:  # no overlap: prefill, then every layer at once
                 t = alone()
                 return t + one_transfer(sender, peer, runner.kv_pool, layout, n, f"seq-{n_tok}-{i}")[0]
 
@@ -321,9 +338,11 @@ def headline(res: dict[str, Any], model: str, tokens: str) -> dict[str, Any]:
     layout's longest prompt; TTFT added by the transfer with and without layer-wise overlap."""
     out: dict[str, Any] = {"gpu": res["device"]}
     ipc = res["transfer"].get("cuda_ipc", {}).get(model, {}).get(tokens)
-    if ipc:  # the copy itself; end to end (handshake round trips included) beside it
+    if ipc:  # the copy itself; end to end (attach and ack round trips included) beside it
         out["cuda_ipc_GBps"], out["cuda_ipc_bw_ratio"] = ipc["copy_phase_GBps"], ipc["copy_phase_ratio_to_copy"]
         out["cuda_ipc_end_to_end_GBps"], out["cuda_ipc_end_to_end_ratio"] = ipc["GBps"], ipc["ratio_to_copy"]
+        out["cuda_ipc_layerwise_GBps"] = ipc.get("layerwise_copy_phase_GBps")
+        out["cuda_ipc_layerwise_ratio"] = ipc.get("layerwise_copy_phase_ratio_to_copy")
     for backend, ttft in res["ttft"].items():
         figs = {k: v for k, v in ttft.items() if isinstance(v, dict)}
         out.setdefault("overlap_added_ttft_ratio", {k: v["added_ratio"] for k, v in figs.items()})

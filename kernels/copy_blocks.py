@@ -1,10 +1,14 @@
 """Copy whole KV blocks between two pools (Triton twin of reference.copy_blocks).
 
-The cuda_ipc transfer's one gather/scatter per layer: block src_ids[i] of every plane (K and V)
-of one layer of the source pool goes to block dst_ids[i] of the destination (a peer's pool
-mapped over CUDA IPC, or any pool of the same block shape). A block is contiguous in every
-pool layout pdserve uses ([.., N, S, Hk, row] with row = D values, or D + 4 bytes when
-quantized), so each program copies a run of 32-bit words with wide loads; no temporary.
+The cuda_ipc transfer's gather/scatter: block src_ids[i] of every plane of the source pool goes
+to block dst_ids[i] of the destination (a peer's pool mapped over CUDA IPC, or any pool of the
+same block shape). A block is contiguous in every pool layout pdserve uses ([.., N, S, Hk, row]
+with row = D values, or D + 4 bytes when quantized), so each program copies a run of 32-bit
+words with wide loads; no temporary.
+
+`copy_blocks` checks and copies one layer's planes [P, N, ...]. `PoolCopy` checks two whole
+pools [L, P, N, ...] once and then launches per call with no tensor work on the host: one
+layer's planes (`layer=l`, the layer-wise push) or every layer in one launch (`layer=None`).
 """
 
 from __future__ import annotations
@@ -18,16 +22,17 @@ import triton.language as tl
 from kernels._common import INDEX_DTYPES, check_device, check_dim, check_dtype
 
 _WORDS = 2048  # 32-bit words per program (8 KiB)
+_ID_ROW = 4  # int32 ids per 16 bytes: callers keep id vectors 16-byte aligned (one kernel variant)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["plane0"])
 def _copy_blocks_kernel(
-    src_ptr, dst_ptr, src_ids_ptr, dst_ids_ptr,
+    src_ptr, dst_ptr, src_ids_ptr, dst_ids_ptr, plane0,
     src_stride_p, src_stride_n, dst_stride_p, dst_stride_n, words,
     BLOCK: tl.constexpr,
 ):
     i = tl.program_id(0)
-    plane = tl.program_id(1).to(tl.int64)
+    plane = (plane0 + tl.program_id(1)).to(tl.int64)
     chunk = tl.program_id(2)
     s = tl.load(src_ids_ptr + i).to(tl.int64)
     d = tl.load(dst_ids_ptr + i).to(tl.int64)
@@ -51,6 +56,69 @@ def _words(name: str, pool: torch.Tensor) -> torch.Tensor:
     return flat.view(torch.int32)
 
 
+def _check_ids(src_ids: torch.Tensor, dst_ids: torch.Tensor) -> None:
+    check_dim("src_ids", src_ids, 1)
+    check_dim("dst_ids", dst_ids, 1)
+    check_dtype("src_ids", src_ids, INDEX_DTYPES)
+    check_dtype("dst_ids", dst_ids, INDEX_DTYPES)
+    assert src_ids.shape == dst_ids.shape, f"src_ids {tuple(src_ids.shape)} != dst_ids {tuple(dst_ids.shape)}"
+    assert src_ids.is_contiguous() and dst_ids.is_contiguous(), "block id vectors must be contiguous"
+
+
+class PoolCopy:
+    """Block copies between two pools [L, P, N, ...] of equal block shape and dtype (the block
+    counts N may differ), checked once. Ids are not bounds-checked here (the transfer checks
+    them against both pools first)."""
+
+    def __init__(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        assert src.dim() >= 4 and dst.dim() >= 4, (
+            f"pools must be [layers, planes, blocks, ...], got {tuple(src.shape)} and {tuple(dst.shape)}")
+        assert src.dtype == dst.dtype, f"src dtype {src.dtype} != dst dtype {dst.dtype}"
+        assert src.shape[:2] == dst.shape[:2] and src.shape[3:] == dst.shape[3:], (
+            f"src blocks {tuple(src.shape)} and dst blocks {tuple(dst.shape)} differ")
+        self.device = check_device(src=src, dst=dst)
+        self.layers, self.planes = src.shape[0], src.shape[1]
+        assert src.stride(0) == self.planes * src.stride(1) and dst.stride(0) == self.planes * dst.stride(1), (
+            "layers of a pool must be packed (planes of one layer next to each other)")
+        self._src = _words("src", src.flatten(0, 1))  # [L*P, N, W]: a view (checked above)
+        self._dst = _words("dst", dst.flatten(0, 1))
+        words = self._src.shape[2]
+        self._block = min(_WORDS, triton.next_power_of_2(words))
+        self._chunks = triton.cdiv(words, _WORDS)
+        self._args = (self._src.stride(0), self._src.stride(1), self._dst.stride(0), self._dst.stride(1), words)
+
+    def warm_up(self) -> None:
+        """Compile and load the kernel variant these pools use (Triton specialises on pointer
+        alignment and on strides divisible by 16) by copying a private scratch block whose
+        views carry the pools' strides; a first load in a real push would wait for the device."""
+        words = self._args[-1]
+        row = -(-words // _ID_ROW) * _ID_ROW  # both scratch rows 16-byte aligned, like pool bases
+        scratch = torch.zeros((2, row), dtype=torch.int32, device=self.device)
+        src = scratch[0].as_strided((1, 1, words), self._args[:2] + (1,))
+        dst = scratch[1].as_strided((1, 1, words), self._args[2:4] + (1,))
+        ids = torch.zeros(_ID_ROW, dtype=torch.int32, device=self.device)
+        _copy_blocks_kernel[(1, 1, self._chunks)](src, dst, ids, ids, 0, *self._args,
+                                                   BLOCK=self._block, num_warps=4)
+
+    def __call__(self, src_ids: torch.Tensor, dst_ids: torch.Tensor, layer: int | None = None) -> None:
+        """dst[layer, :, dst_ids[i]] = src[layer, :, src_ids[i]]; every layer when layer is None.
+        Ids: int32/int64 vectors of equal length on the pools' device."""
+        assert src_ids.shape == dst_ids.shape and src_ids.dim() == 1, (
+            f"src_ids {tuple(src_ids.shape)} and dst_ids {tuple(dst_ids.shape)} must be equal 1-D")
+        assert src_ids.dtype in INDEX_DTYPES and dst_ids.dtype in INDEX_DTYPES, "block ids must be int32/int64"
+        assert src_ids.device == self.device and dst_ids.device == self.device, "block ids must be on the pools' device"
+        if layer is None:
+            plane0, planes = 0, self.layers * self.planes
+        else:
+            assert 0 <= layer < self.layers, f"layer {layer} out of range [0, {self.layers})"
+            plane0, planes = layer * self.planes, self.planes
+        n = src_ids.shape[0]
+        if n == 0:
+            return
+        _copy_blocks_kernel[(n, planes, self._chunks)](
+            self._src, self._dst, src_ids, dst_ids, plane0, *self._args, BLOCK=self._block, num_warps=4)
+
+
 def copy_blocks(src: torch.Tensor, dst: torch.Tensor, src_ids: torch.Tensor, dst_ids: torch.Tensor) -> None:
     """dst[:, dst_ids[i]] = src[:, src_ids[i]] for every i (in place on dst).
 
@@ -58,23 +126,19 @@ def copy_blocks(src: torch.Tensor, dst: torch.Tensor, src_ids: torch.Tensor, dst
     and dtype; src_ids, dst_ids: int32/int64 vectors of equal length on the pools' device.
     Ids are not bounds-checked here (the transfer checks them against both pools first).
     """
-    check_dim("src_ids", src_ids, 1)
-    check_dim("dst_ids", dst_ids, 1)
-    check_dtype("src_ids", src_ids, INDEX_DTYPES)
-    check_dtype("dst_ids", dst_ids, INDEX_DTYPES)
-    assert src_ids.shape == dst_ids.shape, f"src_ids {tuple(src_ids.shape)} != dst_ids {tuple(dst_ids.shape)}"
-    assert src_ids.is_contiguous() and dst_ids.is_contiguous(), "block id vectors must be contiguous"
+    _check_ids(src_ids, dst_ids)
+    assert src.dim() >= 3 and dst.dim() >= 3, (
+        f"src and dst must be [planes, blocks, ...], got {tuple(src.shape)} and {tuple(dst.shape)}")
     assert src.dtype == dst.dtype, f"src dtype {src.dtype} != dst dtype {dst.dtype}"
     assert src.shape[0] == dst.shape[0] and src.shape[2:] == dst.shape[2:], (
         f"src blocks {tuple(src.shape)} and dst blocks {tuple(dst.shape)} differ")
     check_device(src=src, dst=dst, src_ids=src_ids, dst_ids=dst_ids)
-    n = src_ids.shape[0]
-    if n == 0:
+    if src_ids.shape[0] == 0:
         return
     s, d = _words("src", src), _words("dst", dst)
     words = s.shape[2]
-    grid = (n, s.shape[0], triton.cdiv(words, _WORDS))
+    grid = (src_ids.shape[0], s.shape[0], triton.cdiv(words, _WORDS))
     _copy_blocks_kernel[grid](
-        s, d, src_ids, dst_ids, s.stride(0), s.stride(1), d.stride(0), d.stride(1), words,
+        s, d, src_ids, dst_ids, 0, s.stride(0), s.stride(1), d.stride(0), d.stride(1), words,
         BLOCK=min(_WORDS, triton.next_power_of_2(words)), num_warps=4,
     )

@@ -45,11 +45,13 @@ class PrefillEngine:
             handle = self._handles.get(sl.request_id)
             if handle is None:
                 continue
-            # The first slice also ships the blocks found in this worker's prefix cache, except
-            # those the decode side has cached itself (target block i is prompt block skip + i).
+            # Target block i is prompt block skip + i (the decode side has the first `skip`).
+            # The first slice also ships the blocks found in this worker's prefix cache: they
+            # are complete, so every layer goes at once, before the forward.
             skip = self._skip.get(sl.request_id, 0)
-            first = sl.start_pos // size if sl.request_id in self._pushing else 0
-            first = max(first, skip)
+            first = max(sl.start_pos // size, skip)
+            if sl.request_id not in self._pushing and first > skip:
+                handle.push_all_layers(sl.block_table[skip:first], 0)
             self._pushing.add(sl.request_id)
             last = (sl.end_pos - 1) // size
             if last >= first:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13pdserve/v1/kv.proto\x12\npdserve.v1\"\xb7\x01\n\x08KvLayout\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nnum_layers\x18\x02 \x01(\r\x12\x14\n\x0cnum_kv_heads\x18\x03 \x01(\r\x12\x10\n\x08head_dim\x18\x04 \x01(\r\x12\x12\n\nblock_size\x18\x05 \x01(\r\x12\r\n\x05\x64type\x18\x06 \x01(\t\x12\x0f\n\x07tp_rank\x18\x07 \x01(\r\x12\x0f\n\x07tp_size\x18\x08 \x01(\r\x12\r\n\x05order\x18\t \x01(\t\x12\x0c\n\x04hash\x18\n \x01(\t\"K\n\x0eHandshakeReply\x12$\n\x06layout\x18\x01 \x01(\x0b\x32\x14.pdserve.v1.KvLayout\x12\x13\n\x0bpool_export\x18\x02 \x01(\x0c\"\x87\x01\n\x07KvChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0blayout_hash\x18\x02 \x01(\t\x12\r\n\x05layer\x18\x03 \x01(\r\x12\x14\n\x0c\x62lock_offset\x18\x04 \x01(\r\x12\x12\n\nnum_blocks\x18\x05 \x01(\r\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\x12\x0c\n\x04last\x18\x07 \x01(\x08\"(\n\x07PushAck\x12\r\n\x05\x62ytes\x18\x01 \x01(\x04\x12\x0e\n\x06\x63hunks\x18\x02 \x01(\r\"W\n\x08KvAttach\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tblock_ids\x18\x02 \x03(\r\x12\x13\n\x0blayout_hash\x18\x03 \x01(\t\x12\x0f\n\x07release\x18\x04 \x01(\x08\"4\n\rKvAttachEvent\x12\x10\n\x08\x61ttached\x18\x01 \x01(\x08\x12\x11\n\tforgotten\x18\x02 \x01(\x08\x32\xbe\x01\n\nKvTransfer\x12=\n\tHandshake\x12\x14.pdserve.v1.KvLayout\x1a\x1a.pdserve.v1.HandshakeReply\x12\x32\n\x04Push\x12\x13.pdserve.v1.KvChunk\x1a\x13.pdserve.v1.PushAck(\x01\x12=\n\x06\x41ttach\x12\x14.pdserve.v1.KvAttach\x1a\x19.pdserve.v1.KvAttachEvent(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13pdserve/v1/kv.proto\x12\npdserve.v1\"\xb7\x01\n\x08KvLayout\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nnum_layers\x18\x02 \x01(\r\x12\x14\n\x0cnum_kv_heads\x18\x03 \x01(\r\x12\x10\n\x08head_dim\x18\x04 \x01(\r\x12\x12\n\nblock_size\x18\x05 \x01(\r\x12\r\n\x05\x64type\x18\x06 \x01(\t\x12\x0f\n\x07tp_rank\x18\x07 \x01(\r\x12\x0f\n\x07tp_size\x18\x08 \x01(\r\x12\r\n\x05order\x18\t \x01(\t\x12\x0c\n\x04hash\x18\n \x01(\t\"K\n\x0eHandshakeReply\x12$\n\x06layout\x18\x01 \x01(\x0b\x32\x14.pdserve.v1.KvLayout\x12\x13\n\x0bpool_export\x18\x02 \x01(\x0c\"\x9b\x01\n\x07KvChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0blayout_hash\x18\x02 \x01(\t\x12\r\n\x05layer\x18\x03 \x01(\r\x12\x14\n\x0c\x62lock_offset\x18\x04 \x01(\r\x12\x12\n\nnum_blocks\x18\x05 \x01(\r\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\x12\x0c\n\x04last\x18\x07 \x01(\x08\x12\x12\n\nnum_layers\x18\x08 \x01(\r\"(\n\x07PushAck\x12\r\n\x05\x62ytes\x18\x01 \x01(\x04\x12\x0e\n\x06\x63hunks\x18\x02 \x01(\r\"W\n\x08KvAttach\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tblock_ids\x18\x02 \x03(\r\x12\x13\n\x0blayout_hash\x18\x03 \x01(\t\x12\x0f\n\x07release\x18\x04 \x01(\x08\"4\n\rKvAttachEvent\x12\x10\n\x08\x61ttached\x18\x01 \x01(\x08\x12\x11\n\tforgotten\x18\x02 \x01(\x08\x32\xbe\x01\n\nKvTransfer\x12=\n\tHandshake\x12\x14.pdserve.v1.KvLayout\x1a\x1a.pdserve.v1.HandshakeReply\x12\x32\n\x04Push\x12\x13.pdserve.v1.KvChunk\x1a\x13.pdserve.v1.PushAck(\x01\x12=\n\x06\x41ttach\x12\x14.pdserve.v1.KvAttach\x1a\x19.pdserve.v1.KvAttachEvent(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,13 +36,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HANDSHAKEREPLY']._serialized_start=221
   _globals['_HANDSHAKEREPLY']._serialized_end=296
   _globals['_KVCHUNK']._serialized_start=299
-  _globals['_KVCHUNK']._serialized_end=434
-  _globals['_PUSHACK']._serialized_start=436
-  _globals['_PUSHACK']._serialized_end=476
-  _globals['_KVATTACH']._serialized_start=478
-  _globals['_KVATTACH']._serialized_end=565
-  _globals['_KVATTACHEVENT']._serialized_start=567
-  _globals['_KVATTACHEVENT']._serialized_end=619
-  _globals['_KVTRANSFER']._serialized_start=622
-  _globals['_KVTRANSFER']._serialized_end=812
+  _globals['_KVCHUNK']._serialized_end=454
+  _globals['_PUSHACK']._serialized_start=456
+  _globals['_PUSHACK']._serialized_end=496
+  _globals['_KVATTACH']._serialized_start=498
+  _globals['_KVATTACH']._serialized_end=585
+  _globals['_KVATTACHEVENT']._serialized_start=587
+  _globals['_KVATTACHEVENT']._serialized_end=639
+  _globals['_KVTRANSFER']._serialized_start=642
+  _globals['_KVTRANSFER']._serialized_end=832
 # @@protoc_insertion_point(module_scope)

@@ -39,7 +39,7 @@ class HandshakeReply(_message.Message):
     def __init__(self, layout: _Optional[_Union[KvLayout, _Mapping]] = ..., pool_export: _Optional[bytes] = ...) -> None: ...
 
 class KvChunk(_message.Message):
-    __slots__ = ("request_id", "layout_hash", "layer", "block_offset", "num_blocks", "data", "last")
+    __slots__ = ("request_id", "layout_hash", "layer", "block_offset", "num_blocks", "data", "last", "num_layers")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_HASH_FIELD_NUMBER: _ClassVar[int]
     LAYER_FIELD_NUMBER: _ClassVar[int]
@@ -47,6 +47,7 @@ class KvChunk(_message.Message):
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     LAST_FIELD_NUMBER: _ClassVar[int]
+    NUM_LAYERS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     layout_hash: str
     layer: int
@@ -54,7 +55,8 @@ class KvChunk(_message.Message):
     num_blocks: int
     data: bytes
     last: bool
-    def __init__(self, request_id: _Optional[str] = ..., layout_hash: _Optional[str] = ..., layer: _Optional[int] = ..., block_offset: _Optional[int] = ..., num_blocks: _Optional[int] = ..., data: _Optional[bytes] = ..., last: _Optional[bool] = ...) -> None: ...
+    num_layers: int
+    def __init__(self, request_id: _Optional[str] = ..., layout_hash: _Optional[str] = ..., layer: _Optional[int] = ..., block_offset: _Optional[int] = ..., num_blocks: _Optional[int] = ..., data: _Optional[bytes] = ..., last: _Optional[bool] = ..., num_layers: _Optional[int] = ...) -> None: ...
 
 class PushAck(_message.Message):
     __slots__ = ("bytes", "chunks")

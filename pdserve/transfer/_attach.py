@@ -33,7 +33,7 @@ class DirectWriteReceiver(TcpKvReceiver):
     def apply(self, chunk: kv_pb2.KvChunk) -> kv_pb2.PushAck | None:
         if chunk.data:
             raise ChunkRejected(grpc.StatusCode.INVALID_ARGUMENT, "direct-write chunks carry no data")
-        return self.account(chunk, chunk.num_blocks * block_bytes(self.layout))
+        return self.account(chunk, max(1, chunk.num_layers) * chunk.num_blocks * block_bytes(self.layout))
 
     async def Attach(
         self, request_iterator: AsyncIterator[kv_pb2.KvAttach], context: grpc.aio.ServicerContext

@@ -41,6 +41,18 @@ class ChunkSendHandle(SendHandle):
         return self._state
 
     def push(self, layer: int, src_block_ids: Sequence[int], dst_block_offset: int) -> None:
+        self._push(layer, src_block_ids, dst_block_offset)
+
+    def push_all_layers(self, src_block_ids: Sequence[int], dst_block_offset: int) -> None:
+        if self._all_layers_at_once:
+            self._push(None, src_block_ids, dst_block_offset)
+            return
+        for layer in range(self._pool.shape[0]):
+            self._push(layer, src_block_ids, dst_block_offset)
+
+    _all_layers_at_once = False  # True: _encode takes layer None (every layer in one piece)
+
+    def _push(self, layer: int | None, src_block_ids: Sequence[int], dst_block_offset: int) -> None:
         end = dst_block_offset + len(src_block_ids)
         if dst_block_offset < 0 or end > len(self._target.block_ids):
             raise ValueError(
@@ -62,7 +74,8 @@ class ChunkSendHandle(SendHandle):
         self, layer: int, src_block_ids: Sequence[int], dst_block_offset: int
     ) -> list[tuple[Any, int]]:
         """Copy one push out of the pool: (message for _send, payload bytes) per chunk.
-        The default makes KvChunks with the bytes inline; nccl and cuda_ipc override it."""
+        The default makes KvChunks with the bytes inline; nccl and cuda_ipc override it.
+        layer is None only where _all_layers_at_once is set."""
         chunks = encode_layer(
             self._pool, layer, src_block_ids, dst_block_offset,
             self._target.request_id, self._hash, self._blocks_per_chunk,

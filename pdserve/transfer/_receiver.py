@@ -137,6 +137,12 @@ class ReceiverCore(KvReceiver):
         if callback is not None:
             callback()
 
+    def writer_attached(self, request_id: str) -> bool:
+        """True while a direct writer (cuda_ipc) is attached to the reservation."""
+        res = self._lookup(request_id)
+        with res.lock:
+            return res.writer is not None and not res.writer.done
+
     def received_bytes(self, request_id: str) -> int:
         with self._lock:
             return self._reservations[request_id].bytes

@@ -121,18 +121,21 @@ def check_chunk(
             f"chunk layout hash {chunk.layout_hash!r} != receiver layout "
             f"[{layout.describe()}] (hash {layout.compat_hash()})",
         )
-    if chunk.layer >= layout.num_layers:
+    layers = max(1, chunk.num_layers)
+    if chunk.layer + layers > layout.num_layers:
         raise ChunkRejected(
             grpc.StatusCode.INVALID_ARGUMENT,
-            f"layer {chunk.layer} out of range [0, {layout.num_layers})",
+            f"layers [{chunk.layer}, {chunk.layer + layers}) out of range [0, {layout.num_layers})",
         )
+    if layers > 1 and (chunk.data or data_len is None):
+        raise ChunkRejected(grpc.StatusCode.INVALID_ARGUMENT, "num_layers > 1 is for direct-write chunks (no data)")
     end = chunk.block_offset + chunk.num_blocks
     if end > len(reserved):
         raise ChunkRejected(
             grpc.StatusCode.INVALID_ARGUMENT,
             f"blocks [{chunk.block_offset}, {end}) outside the {len(reserved)} reserved blocks",
         )
-    want = chunk.num_blocks * block_bytes(layout)
+    want = layers * chunk.num_blocks * block_bytes(layout)
     got = len(chunk.data) if data_len is None else data_len
     if got != want:
         raise ChunkRejected(

@@ -151,6 +151,12 @@ class SendHandle(ABC):
         """
 
     @abstractmethod
+    def push_all_layers(self, src_block_ids: Sequence[int], dst_block_offset: int) -> None:
+        """push() of every layer of blocks whose KV is already complete in the pool (the
+        prefill worker's own prefix cache). A backend may move all layers at once (cuda_ipc:
+        one kernel); the same rules as push() apply."""
+
+    @abstractmethod
     def finish(self, timeout: float) -> TransferStats:
         """Mark the transfer complete and block until the receiver acknowledged that every
         pushed byte is written and visible. Raises TransferError on failure, on abort, or when

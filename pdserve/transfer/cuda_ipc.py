@@ -39,7 +39,8 @@ from pdserve.transfer.base import (
     KvTargetSpec, LayoutMismatch, TransferError, TransferState, layout_from_proto,
     layout_to_proto, mismatch_message,
 )
-from pdserve.transfer.tcp import TcpKvSender, _TcpSendHandle, _rpc_error
+from pdserve.transfer._handle import ChunkSendHandle
+from pdserve.transfer.tcp import TcpKvSender, _rpc_error
 
 
 class CudaIpcUnavailable(RuntimeError):
@@ -140,8 +141,10 @@ class CudaIpcKvSender(TcpKvSender):
                                  f"{self.layout.compat_hash()} [{self.layout.describe()}]")
         if any(not 0 <= b < remote.shape[2] for b in target.block_ids):
             raise ValueError(f"target blocks outside the decode pool of {remote.shape[2]} blocks")
+        copier = self._copier(kv_pool.device)
+        copier.prepare(kv_pool, remote)
         return _IpcSendHandle(target, kv_pool, self.layout, stub, self._call_timeout, remote,
-                              self._copier(kv_pool.device), self._handshake_timeout)
+                              copier, self._handshake_timeout)
 
     def _copier(self, device: torch.device) -> CudaCopier:
         """The device's copier. One stream for every handle: a new stream per request would
@@ -169,117 +172,151 @@ class CudaIpcKvSender(TcpKvSender):
             if peer.compat_hash() != self.layout.compat_hash():
                 raise LayoutMismatch(mismatch_message(self.layout, peer))
             remote = map_pool(reply.pool_export, self.layout)
-            self._copier(remote.device).warm_up(remote)
             self._mapped[address] = remote
             return remote
 
 
 class Copier(Protocol):
     """Queues copies from the local pool into the peer's pool; synchronize() returns once
-    every queued copy has landed."""
+    every queued copy has landed. `layer` None copies every layer at once."""
 
-    def copy(self, dst: torch.Tensor, src: torch.Tensor, layer: int, src_ids: Sequence[int],
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, layer: int | None, src_ids: Sequence[int],
              dst_ids: Sequence[int]) -> None: ...
 
     def synchronize(self) -> None: ...
 
 
 _ID_CACHE = 256  # block-id sets kept on the device (each request step pushes one per layer)
+_ID_ALIGN = 4  # int32s per 16 bytes: both id rows start 16-byte aligned (one kernel variant)
 
 
 class CudaCopier:
     """One block-copy kernel per push (kernels/copy_blocks.py) on a dedicated stream, ordered
     after the engine's stream (the layer was written there). The engine's stream waits for the
-    copies only after the pool's last layer was pushed: the copies overlap the next layers'
-    compute, and no later kernel (a reuse of the source blocks by the next step) can run
-    before they read their source."""
+    copies only after the pool's last layer (or all layers at once) was pushed: the copies
+    overlap the next layers' compute, and no later kernel (a reuse of the source blocks by the
+    next step) can run before they read their source.
+
+    Nothing here waits for the device: block ids go up from pinned memory without a sync, and
+    both id rows are 16-byte aligned so every push runs the kernel variant compiled (and
+    loaded: a module load waits for the whole device) by warm_up."""
 
     def __init__(self, device: torch.device) -> None:
-        from kernels.copy_blocks import copy_blocks  # Triton: imported only where CUDA runs
+        from kernels.copy_blocks import PoolCopy  # Triton: imported only where CUDA runs
 
-        self._copy_blocks = copy_blocks
+        self._pool_copy = PoolCopy
         self._device = device
         self._stream = torch.cuda.Stream(device=device)
+        self._plans: dict[tuple[int, int], Any] = {}  # (src, dst) data pointers -> PoolCopy
         self._ids: dict[tuple[tuple[int, ...], tuple[int, ...]], torch.Tensor] = {}  # FIFO, bounded
+        self._last: tuple[Sequence[int], Sequence[int], torch.Tensor] | None = None
         self._lock = threading.Lock()  # handles of several requests push from the engine thread
 
-    def copy(self, dst: torch.Tensor, src: torch.Tensor, layer: int, src_ids: Sequence[int],
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, layer: int | None, src_ids: Sequence[int],
              dst_ids: Sequence[int]) -> None:
-        ids = self._device_ids(tuple(src_ids), tuple(dst_ids))
+        ids = self._device_ids(src_ids, dst_ids)
         current = torch.cuda.current_stream(self._device)
         self._stream.wait_stream(current)
+        n = len(src_ids)
         with torch.cuda.stream(self._stream):
             if dst.device == src.device:
-                self._copy_blocks(src[layer], dst[layer], ids[0], ids[1])
+                self._plan(src, dst)(ids[0, :n], ids[1, :n], layer)
             else:  # a peer GPU's pool: gather here, then one peer-to-peer copy (untested: 1 GPU)
-                raw = src[layer].index_select(1, ids[0].long())
-                dst[layer].index_copy_(1, ids[1].to(dst.device).long(), raw.to(dst.device))
-        if layer == src.shape[0] - 1:
+                layers = slice(None) if layer is None else slice(layer, layer + 1)
+                raw = src[layers].index_select(2, ids[0, :n].long())
+                dst[layers].index_copy_(2, ids[1, :n].to(dst.device).long(), raw.to(dst.device))
+        if layer is None or layer == src.shape[0] - 1:
             current.wait_stream(self._stream)
 
-    def _device_ids(self, src_ids: tuple[int, ...], dst_ids: tuple[int, ...]) -> torch.Tensor:
-        """[2, n] int32 ids on the device, uploaded once per block set (every layer reuses
-        them). The upload is queued on the copy stream before it waits for the engine's
-        stream, so the host does not wait for the forward."""
-        key = (src_ids, dst_ids)
+    def _plan(self, src: torch.Tensor, dst: torch.Tensor) -> Any:
+        plan = self._plans.get((src.data_ptr(), dst.data_ptr()))
+        if plan is None:  # a pair start() did not prepare
+            self.prepare(src, dst)
+            plan = self._plans[(src.data_ptr(), dst.data_ptr())]
+        return plan
+
+    def _device_ids(self, src_ids: Sequence[int], dst_ids: Sequence[int]) -> torch.Tensor:
+        """[2, n rounded up to 4] int32 ids on the device, uploaded once per block set (every
+        layer reuses them; the same sequence objects skip even the lookup)."""
+        last = self._last
+        if last is not None and last[0] is src_ids and last[1] is dst_ids:
+            return last[2]
+        key = (tuple(src_ids), tuple(dst_ids))
         with self._lock:
             ids = self._ids.get(key)
             if ids is None:
-                with torch.cuda.stream(self._stream):
-                    ids = torch.tensor([src_ids, dst_ids], dtype=torch.int32, device=self._device)
+                n = len(key[0])
+                host = torch.zeros((2, -(-n // _ID_ALIGN) * _ID_ALIGN), dtype=torch.int32, pin_memory=True)
+                host[0, :n] = torch.tensor(key[0], dtype=torch.int32)
+                host[1, :n] = torch.tensor(key[1], dtype=torch.int32)
+                with torch.cuda.stream(self._stream):  # in stream order; pinned: no host sync
+                    ids = host.to(self._device, non_blocking=True)
                 self._ids[key] = ids
                 if len(self._ids) > _ID_CACHE:  # freed in stream order: a queued copy keeps it
                     del self._ids[next(iter(self._ids))]
+            self._last = (src_ids, dst_ids, ids)
         return ids
 
-    def warm_up(self, pool: torch.Tensor) -> None:
-        """Compile the block-copy kernel for this pool's block shape and give the copy stream
-        its first memory segment now, not in the first push (a cudaMalloc waits for the device)."""
-        with torch.cuda.stream(self._stream):
-            scratch = torch.zeros((2, 2, *pool.shape[3:]), dtype=pool.dtype, device=pool.device)
-            ids = torch.tensor([0], dtype=torch.int32, device=pool.device)
-            self._copy_blocks(scratch, scratch, ids, ids + 1)
+    def prepare(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Check the pool pair and compile and load its kernel variant, and give the copy stream
+        its first memory segment, now (once per pair), not in a push (both wait for the device)."""
+        key = (src.data_ptr(), dst.data_ptr())
+        with self._lock:
+            if key in self._plans or src.device != dst.device:
+                return
+            plan = self._pool_copy(src, dst)
+            with torch.cuda.stream(self._stream):
+                torch.empty(1 << 20, dtype=torch.uint8, device=self._device)
+                plan.warm_up()
+            self._stream.synchronize()
+            self._plans[key] = plan
 
     def synchronize(self) -> None:
         self._stream.synchronize()
 
 
-class _IpcSendHandle(_TcpSendHandle):
-    """Attached writer: copies through a Copier; the Push stream carries metadata and the
-    final chunk. A failed or aborted handle queues no further copy, synchronises the copier
-    and then releases the reservation (on its own thread: the sync may wait for a forward)."""
+class _IpcSendHandle(ChunkSendHandle):
+    """Attached writer: copies through a Copier; no data on the wire. Each push's metadata is
+    folded into a summary (one KvChunk per run of layers over the same blocks, `num_layers`),
+    sent with the final chunk on one Push call that finish() opens after the copier is
+    synchronised; the receiver checks and counts the bytes then. A failed or aborted handle
+    queues no further copy, synchronises the copier and then releases the reservation (on its
+    own thread: the sync may wait for a forward)."""
+
+    _all_layers_at_once = True
 
     def __init__(self, target: KvTargetSpec, kv_pool: torch.Tensor, layout: KvLayout,
                  stub: kv_pb2_grpc.KvTransferStub, call_timeout: float, remote: torch.Tensor,
                  copier: Copier, attach_timeout: float) -> None:
-        # Before super(): the Push call's failure callback may run _fail at once.
+        # Before the link: its failure callback may run _fail at once.
         self._copy_lock = threading.Lock()  # held while a copy is queued; the release waits on it
         self._stopping = False
         self._link: WriterLink | None = None
         self._link_ready = threading.Event()  # set once the link exists (None: never sent)
         self._attached = False  # the receiver accepted this writer (checked before the first copy)
         self._attach_timeout = attach_timeout
-        super().__init__(target, kv_pool, layout, 1 << 30, stub, call_timeout, on_mismatch=lambda: None)
+        super().__init__(target, kv_pool, layout, 1 << 30)
+        self._stub, self._call_timeout = stub, call_timeout
+        self._call: grpc.Future | None = None  # the Push call: opened by finish()
         self._remote = remote
         self._copier = copier
         self._block_bytes = block_bytes(layout)
+        self._summary: list[kv_pb2.KvChunk] = []
+        self._blocks: tuple[Sequence[int], int, Sequence[int]] | None = None  # last checked (src, offset, dst)
         link = WriterLink(stub, target.request_id, target.block_ids, self._hash,
                           call_timeout=call_timeout, on_lost=self._fail)
         try:
             link.begin()  # answered while the first layer computes; awaited before the first copy
             self._link = link
-        except Exception:
-            self._cancel()
-            raise
         finally:
             self._link_ready.set()
 
-    def _encode(self, layer: int, src_block_ids: Sequence[int], dst_block_offset: int
+    def _encode(self, layer: int | None, src_block_ids: Sequence[int], dst_block_offset: int
                 ) -> list[tuple[Any, int]]:
-        num_layers, _, num_blocks = self._pool.shape[:3]
-        if not 0 <= layer < num_layers or any(not 0 <= b < num_blocks for b in src_block_ids):
-            raise ValueError(f"layer {layer} or source blocks {list(src_block_ids)} out of range")
-        dst = self._target.block_ids[dst_block_offset : dst_block_offset + len(src_block_ids)]
+        num_layers = self._pool.shape[0]
+        if layer is not None and not 0 <= layer < num_layers:
+            raise ValueError(f"layer {layer} out of range [0, {num_layers})")
+        dst = self._checked(src_block_ids, dst_block_offset)
         with self._copy_lock:
             if self._state.final:  # failed or aborted: the release may already be under way
                 return []
@@ -296,10 +333,34 @@ class _IpcSendHandle(_TcpSendHandle):
         if not self._attached:
             self._fail(refused)
             return []
+        layers = num_layers if layer is None else 1
         meta = kv_pb2.KvChunk(request_id=self._target.request_id, layout_hash=self._hash,
-                              layer=layer, block_offset=dst_block_offset,
-                              num_blocks=len(src_block_ids))
-        return [(meta, len(src_block_ids) * self._block_bytes)]
+                              layer=layer or 0, block_offset=dst_block_offset,
+                              num_blocks=len(src_block_ids), num_layers=layers)
+        return [(meta, layers * len(src_block_ids) * self._block_bytes)]
+
+    def _checked(self, src_block_ids: Sequence[int], dst_block_offset: int) -> Sequence[int]:
+        """The target blocks of a push; the source ids are range-checked once per block set
+        (every layer of a step pushes the same one)."""
+        last = self._blocks
+        if last is not None and last[1] == dst_block_offset and (
+                last[0] is src_block_ids or last[0] == src_block_ids):
+            return last[2]
+        num_blocks = self._pool.shape[2]
+        if src_block_ids and not (0 <= min(src_block_ids) and max(src_block_ids) < num_blocks):
+            raise ValueError(f"source blocks {list(src_block_ids)} outside the pool of {num_blocks} blocks")
+        dst = self._target.block_ids[dst_block_offset : dst_block_offset + len(src_block_ids)]
+        self._blocks = (src_block_ids, dst_block_offset, dst)
+        return dst
+
+    def _send(self, chunk: kv_pb2.KvChunk) -> None:
+        """Fold a push's metadata into the summary: the next layer of the same blocks extends it."""
+        prev = self._summary[-1] if self._summary else None
+        if (prev is not None and prev.block_offset == chunk.block_offset and prev.num_blocks == chunk.num_blocks
+                and chunk.layer == prev.layer + prev.num_layers):
+            prev.num_layers += chunk.num_layers
+        else:
+            self._summary.append(chunk)
 
     def drain(self) -> None:
         """Block until every copy queued so far has landed (benchmarks; finish() does it too)."""
@@ -310,10 +371,29 @@ class _IpcSendHandle(_TcpSendHandle):
             self._link.wait_attached(self._attach_timeout)
             self._attached = True
         self._copier.synchronize()  # every write is done and visible before the last chunk
-        ack = super()._complete(last, timeout)
+        with self._lock:
+            if self._state.final:
+                raise self._error or TransferError("KV transfer was aborted", retryable=False, code="CANCELLED")
+            self._call = self._stub.Push.future(iter([*self._summary, last]), timeout=self._call_timeout)
+        try:
+            ack = self._call.result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            self._call.cancel()
+            raise TransferError(f"KV transfer not acknowledged within {timeout}s",
+                                retryable=True, code="DEADLINE_EXCEEDED") from None
+        except grpc.FutureCancelledError:
+            raise TransferError("KV transfer was cancelled", retryable=False, code="CANCELLED") from None
+        except grpc.RpcError as err:
+            raise _rpc_error(err) from None
         if self._link is not None:
             self._link.release()
         return ack
+
+    def _cancel(self) -> None:
+        with self._lock:
+            call = self._call
+        if call is not None:
+            call.cancel()
 
     def _fail(self, err: TransferError) -> None:
         super()._fail(err)

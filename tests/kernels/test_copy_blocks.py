@@ -10,7 +10,7 @@ pytest.importorskip("triton")
 from kernel_helpers import DEVICE  # noqa: E402
 
 from kernels import reference  # noqa: E402
-from kernels.copy_blocks import copy_blocks  # noqa: E402
+from kernels.copy_blocks import PoolCopy, copy_blocks  # noqa: E402
 
 
 def _pool(blocks: int, row: int, dtype: torch.dtype) -> torch.Tensor:
@@ -60,3 +60,49 @@ def test_copy_blocks_empty_and_bad_inputs() -> None:
         copy_blocks(src, src.clone(), ids[:1], ids)
     with pytest.raises(AssertionError, match="blocks"):
         copy_blocks(src, torch.zeros(2, 4, 4, 2, 4, device=DEVICE), ids, ids)
+
+
+def _pools(layers: int, dtype: torch.dtype, row: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two [L, 2, N, S, Hk, row] pools of random bits with different block counts."""
+    src = torch.stack([_pool(7, row, dtype) for _ in range(layers)])
+    dst = torch.stack([_pool(10, row, dtype) for _ in range(layers)])
+    return src, dst
+
+
+@pytest.mark.parametrize("dtype,row", [(torch.bfloat16, 16), (torch.float8_e4m3fn, 20)], ids=["bf16", "fp8+scales"])
+@pytest.mark.parametrize("layer", [None, 0, 2])
+def test_pool_copy_one_layer_or_all_matches_reference(dtype: torch.dtype, row: int, layer: int | None) -> None:
+    """PoolCopy over whole pools: layer l touches only layer l; None copies every layer in one launch."""
+    src, dst = _pools(3, dtype, row)
+    src_ids = torch.tensor([6, 0, 3], dtype=torch.int32, device=DEVICE)
+    dst_ids = torch.tensor([1, 9, 4], dtype=torch.int32, device=DEVICE)
+    want = dst.clone()
+    for l in range(3) if layer is None else [layer]:
+        reference.copy_blocks(src[l], want[l], src_ids, dst_ids)
+    PoolCopy(src, dst)(src_ids, dst_ids, layer)
+    as_bytes = lambda t: t.contiguous().view(torch.uint8)  # noqa: E731 - bitwise, NaNs included
+    assert torch.equal(as_bytes(dst), as_bytes(want))
+
+
+def test_pool_copy_unaligned_id_rows_and_bad_inputs() -> None:
+    """Id vectors that are rows of one [2, n] tensor (the second row not 16-byte aligned)."""
+    src, dst = _pools(2, torch.bfloat16, 16)
+    ids = torch.tensor([[0, 5, 2], [8, 1, 3]], dtype=torch.int32, device=DEVICE)
+    copy = PoolCopy(src, dst)
+    copy(ids[0], ids[1])
+    assert torch.equal(dst[:, :, [8, 1, 3]].view(torch.uint8), src[:, :, [0, 5, 2]].view(torch.uint8))
+    copy(ids[0, :0], ids[1, :0], 1)  # nothing to copy
+    with pytest.raises(AssertionError, match="layer 2 out of range"):
+        copy(ids[0], ids[1], 2)
+    with pytest.raises(AssertionError, match="equal 1-D"):
+        copy(ids[0], ids[1, :2])
+    with pytest.raises(AssertionError, match="int32/int64"):
+        copy(ids[0].float(), ids[1])
+    with pytest.raises(AssertionError, match="differ"):
+        PoolCopy(src, dst[:1])
+    with pytest.raises(AssertionError, match="dtype"):
+        PoolCopy(src, dst.view(torch.float16))
+    with pytest.raises(AssertionError, match=r"\[layers, planes, blocks"):
+        PoolCopy(src.flatten(0, 3), dst.flatten(0, 3))
+    with pytest.raises(AssertionError, match="layers of a pool must be packed"):
+        PoolCopy(src.transpose(0, 1), dst.transpose(0, 1))

@@ -44,6 +44,27 @@ def test_round_trip_scattered_blocks(connect, dtype: str) -> None:
     assert link.receiver.received_bytes("r1") == stats.bytes
 
 
+def test_push_all_layers_then_per_layer(connect) -> None:
+    """Blocks already complete (a prefix cache) go with push_all_layers, the rest per layer."""
+    layout = make_layout("bfloat16")
+    src, dst = random_pool(layout, 32), poisoned_pool(layout, 32)
+    expected = dst.clone()
+    expected[:, :, DST_BLOCKS] = src[:, :, SRC_BLOCKS]
+    link = connect(dst, layout)
+    link.receiver.expect("r1", DST_BLOCKS)
+    handle = link.sender.start(link.target("r1", DST_BLOCKS, layout), src)
+    handle.push_all_layers(SRC_BLOCKS[:3], 0)
+    src[:, :, SRC_BLOCKS[:3]] = 0  # copied out already (or ordered before any reuse)
+    for layer in range(layout.num_layers):
+        handle.push(layer, SRC_BLOCKS[3:], 3)
+    stats = handle.finish(timeout=10)
+    assert torch.equal(dst, expected)
+    assert stats.bytes == layout.num_layers * layer_bytes(layout, len(SRC_BLOCKS))
+    assert link.receiver.received_bytes("r1") == stats.bytes
+    with pytest.raises(ValueError):
+        handle.push_all_layers([0], 5)  # outside the target's blocks (a caller bug)
+
+
 def test_chunking_splits_and_arrives_whole(connect) -> None:
     layout = make_layout("bfloat16")
     src, dst = random_pool(layout, 32), poisoned_pool(layout, 32)
@@ -90,6 +111,8 @@ def _bad_chunks(layout, src):
     return {
         "unknown request": (variant(request_id="nope"), grpc.StatusCode.NOT_FOUND),
         "layer out of range": (variant(layer=layout.num_layers), grpc.StatusCode.INVALID_ARGUMENT),
+        "layers with data": (variant(num_layers=2), grpc.StatusCode.INVALID_ARGUMENT),  # direct writers only
+        "layers out of range": (variant(num_layers=layout.num_layers), grpc.StatusCode.INVALID_ARGUMENT),
         "block offset": (variant(block_offset=1), grpc.StatusCode.INVALID_ARGUMENT),
         "block count": (variant(num_blocks=3), grpc.StatusCode.INVALID_ARGUMENT),
         "short data": (variant(data=good.data[:-1]), grpc.StatusCode.INVALID_ARGUMENT),

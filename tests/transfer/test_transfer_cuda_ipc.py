@@ -103,8 +103,8 @@ def test_two_processes_one_gpu_round_trip() -> None:
         sender = CudaIpcKvSender(layout)
         handle = sender.start(KvTargetSpec("r1", tuple(DST), address, layout.compat_hash(),
                                            "cuda_ipc"), src)
+        handle.push_all_layers(SRC[:2], 0)  # one kernel for every layer (prefix-cached blocks)
         for layer in range(layout.num_layers):
-            handle.push(layer, SRC[:2], 0)
             handle.push(layer, SRC[2:], 2)
         stats = handle.finish(timeout=30)
         expected = src[:, :, SRC].float().cpu()

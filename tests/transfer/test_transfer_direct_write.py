@@ -46,20 +46,21 @@ class QueuedCopier:
         self._queue: queue.Queue = queue.Queue()
         threading.Thread(target=self._run, daemon=True).start()
 
-    def copy(self, dst: torch.Tensor, src: torch.Tensor, layer: int, src_ids: Sequence[int],
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, layer: int | None, src_ids: Sequence[int],
              dst_ids: Sequence[int]) -> None:
         self.queued += 1
-        data = src[layer][:, list(src_ids)].clone()  # the source may be overwritten at once
-        self._queue.put((dst, layer, list(dst_ids), data))
+        layers = slice(None) if layer is None else slice(layer, layer + 1)
+        data = src[layers][:, :, list(src_ids)].clone()  # the source may be overwritten at once
+        self._queue.put((dst, layers, list(dst_ids), data))
 
     def synchronize(self) -> None:
         self._queue.join()
 
     def _run(self) -> None:
         while True:
-            dst, layer, dst_ids, data = self._queue.get()
+            dst, layers, dst_ids, data = self._queue.get()
             self.gate.wait()
-            dst[layer][:, dst_ids] = data
+            dst[layers][:, :, dst_ids] = data
             self.landed += 1
             self._queue.task_done()
 
@@ -108,7 +109,7 @@ def test_forget_while_a_copy_is_queued_frees_only_after_it_landed(rig: Rig) -> N
     rig.receiver.expect("r1", DST)
     handle = rig.handle()
     handle.push(0, SRC, 0)  # queued, not landed: the gate is closed
-    wait_until(lambda: rig.receiver.received_bytes("r1") == layer_bytes(rig.layout, len(SRC)))
+    wait_until(lambda: rig.receiver.writer_attached("r1"))  # the copy itself is queued
     assert rig.receiver.forget("r1", on_released=rig.reuse_blocks) is False
     wait_until(lambda: handle.state == TransferState.FAILED)  # told by the Attach event
     handle.push(1, SRC, 0)  # no-op now: nothing more is queued
@@ -204,6 +205,26 @@ def test_full_transfer_lands_and_completes(rig: Rig) -> None:
     assert rig.receiver.is_complete("r1")
     assert torch.equal(rig.dst[:, :, DST], rig.src[:, :, SRC])
     assert rig.receiver.forget("r1") is True  # decode takes the blocks over
+
+
+def test_pushes_are_summarised_and_counted_at_finish(rig: Rig) -> None:
+    """No metadata on the wire per push: finish() sends one summary per run of layers (one
+    all-layers copy, then layer by layer) after the copies landed; the receiver counts it all."""
+    rig.receiver.expect("r1", DST)
+    rig.copier.gate.set()
+    handle = rig.handle()
+    handle.push_all_layers(SRC[:2], 0)
+    for layer in range(rig.layout.num_layers):
+        handle.push(layer, SRC[2:], 2)
+    assert rig.copier.queued == 1 + rig.layout.num_layers
+    time.sleep(0.2)
+    assert rig.receiver.received_bytes("r1") == 0 and not rig.receiver.is_complete("r1")
+    stats = handle.finish(timeout=10)
+    assert stats.bytes == rig.receiver.received_bytes("r1") == rig.layout.num_layers * layer_bytes(rig.layout, 4)
+    assert rig.receiver.is_complete("r1")
+    assert torch.equal(rig.dst[:, :, DST], rig.src[:, :, SRC])
+    with pytest.raises(ValueError, match="outside the pool"):
+        rig.handle("r2").push(0, [0, 99], 0)
 
 
 def test_decode_engine_keeps_aborted_blocks_until_the_writer_released(rig: Rig) -> None:
