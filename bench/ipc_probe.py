@@ -71,7 +71,7 @@ def main() -> None:
     handle = sender.start(KvTargetSpec(rid, tuple(blocks), peer.address, layout.compat_hash(), ""), pool)
     odd = blocks[:7]  # a new block set of an odd count: a fresh id upload
     copier = handle._copier
-    steps = (("attach answer", lambda: handle._link.wait_attached(10)),
+    steps = (("attach answer", lambda: (handle._wait_open(), handle._link.wait_attached(10))),
              ("new ids upload", lambda: copier._device_ids(odd, tuple(odd))),
              ("copy stream waits for engine", lambda: copier._stream.wait_stream(torch.cuda.current_stream())),
              ("first push of a new block set", lambda: handle.push(0, blocks[:9], 0)),

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 import grpc
@@ -276,40 +277,74 @@ class CudaCopier:
 
 
 class _IpcSendHandle(ChunkSendHandle):
-    """Attached writer: copies through a Copier; no data on the wire. Each push's metadata is
-    folded into a summary (one KvChunk per run of layers over the same blocks, `num_layers`),
-    sent with the final chunk on one Push call that finish() opens after the copier is
-    synchronised; the receiver checks and counts the bytes then. A failed or aborted handle
-    queues no further copy, synchronises the copier and then releases the reservation (on its
-    own thread: the sync may wait for a forward)."""
+    """Attached writer: copies through a Copier; no data on the wire. Both calls (Attach, and
+    the Push that carries the metadata) are opened on a thread of their own, so start() returns
+    at once and the round trips overlap the first layers; the first copy waits for the
+    receiver's yes. Each push's metadata is folded into a summary (one KvChunk per run of
+    layers over the same blocks, `num_layers`), sent with the final chunk by finish() after the
+    copier is synchronised; the receiver checks and counts the bytes then. A failed or aborted
+    handle queues no further copy, synchronises the copier and then releases the reservation
+    and ends its calls (on its own thread: the sync may wait for a forward)."""
 
     _all_layers_at_once = True
 
     def __init__(self, target: KvTargetSpec, kv_pool: torch.Tensor, layout: KvLayout,
                  stub: kv_pb2_grpc.KvTransferStub, call_timeout: float, remote: torch.Tensor,
                  copier: Copier, attach_timeout: float) -> None:
-        # Before the link: its failure callback may run _fail at once.
         self._copy_lock = threading.Lock()  # held while a copy is queued; the release waits on it
         self._stopping = False
         self._link: WriterLink | None = None
-        self._link_ready = threading.Event()  # set once the link exists (None: never sent)
+        self._link_ready = threading.Event()  # set once both calls are open (or failed to open)
         self._attached = False  # the receiver accepted this writer (checked before the first copy)
         self._attach_timeout = attach_timeout
         super().__init__(target, kv_pool, layout, 1 << 30)
         self._stub, self._call_timeout = stub, call_timeout
-        self._call: grpc.Future | None = None  # the Push call: opened by finish()
+        self._queue: queue.Queue[kv_pb2.KvChunk | None] = queue.Queue()  # Push messages
+        self._call: grpc.Future | None = None
         self._remote = remote
         self._copier = copier
         self._block_bytes = block_bytes(layout)
         self._summary: list[kv_pb2.KvChunk] = []
         self._blocks: tuple[Sequence[int], int, Sequence[int]] | None = None  # last checked (src, offset, dst)
-        link = WriterLink(stub, target.request_id, target.block_ids, self._hash,
-                          call_timeout=call_timeout, on_lost=self._fail)
+        threading.Thread(target=self._open, name="kv-ipc-open", daemon=True).start()
+
+    def _open(self) -> None:
+        """Open Attach and Push (each call set-up costs the calling thread a millisecond or so)."""
         try:
-            link.begin()  # answered while the first layer computes; awaited before the first copy
+            link = WriterLink(self._stub, self._target.request_id, self._target.block_ids, self._hash,
+                              call_timeout=self._call_timeout, on_lost=self._fail)
+            link.begin()
             self._link = link
+            call = self._stub.Push.future(self._requests(), timeout=self._call_timeout)
+            call.add_done_callback(self._on_done)
+            with self._lock:
+                self._call = call
+                final = self._state.final
+            if final:  # aborted or failed while the calls were being opened
+                self._end_push()
+        except Exception as err:  # noqa: BLE001 - a channel that cannot start a call
+            self._fail(TransferError(f"KV attach could not start: {err}", retryable=True, code="UNAVAILABLE"))
         finally:
             self._link_ready.set()
+
+    def _requests(self) -> Iterator[kv_pb2.KvChunk]:
+        while (chunk := self._queue.get()) is not None:
+            yield chunk
+
+    def _on_done(self, future: grpc.Future) -> None:
+        self._queue.put(None)  # release gRPC's request thread if the call ended early
+        if not future.cancelled() and isinstance(future.exception(), grpc.RpcError):
+            self._fail(_rpc_error(future.exception()))
+
+    def _end_push(self) -> None:
+        self._queue.put(None)
+        if self._call is not None:
+            self._call.cancel()
+
+    def _wait_open(self) -> None:
+        if not self._link_ready.wait(self._attach_timeout) or self._link is None or self._call is None:
+            raise self._error or TransferError(f"KV attach not started within {self._attach_timeout}s",
+                                               retryable=True, code="DEADLINE_EXCEEDED")
 
     def _encode(self, layer: int | None, src_block_ids: Sequence[int], dst_block_offset: int
                 ) -> list[tuple[Any, int]]:
@@ -322,6 +357,7 @@ class _IpcSendHandle(ChunkSendHandle):
                 return []
             if not self._attached:
                 try:
+                    self._wait_open()
                     self._link.wait_attached(self._attach_timeout)  # no write before the yes
                 except TransferError as err:
                     refused = err
@@ -368,13 +404,12 @@ class _IpcSendHandle(ChunkSendHandle):
 
     def _complete(self, last: kv_pb2.KvChunk, timeout: float) -> kv_pb2.PushAck:
         if not self._attached:  # nothing was pushed (e.g. the decode side cached every block)
+            self._wait_open()
             self._link.wait_attached(self._attach_timeout)
             self._attached = True
         self._copier.synchronize()  # every write is done and visible before the last chunk
-        with self._lock:
-            if self._state.final:
-                raise self._error or TransferError("KV transfer was aborted", retryable=False, code="CANCELLED")
-            self._call = self._stub.Push.future(iter([*self._summary, last]), timeout=self._call_timeout)
+        for chunk in (*self._summary, last, None):  # None: half-close
+            self._queue.put(chunk)
         try:
             ack = self._call.result(timeout=timeout)
         except grpc.FutureTimeoutError:
@@ -385,15 +420,11 @@ class _IpcSendHandle(ChunkSendHandle):
             raise TransferError("KV transfer was cancelled", retryable=False, code="CANCELLED") from None
         except grpc.RpcError as err:
             raise _rpc_error(err) from None
-        if self._link is not None:
-            self._link.release()
+        self._link.release()
         return ack
 
     def _cancel(self) -> None:
-        with self._lock:
-            call = self._call
-        if call is not None:
-            call.cancel()
+        pass  # abort() -> _stop_writing() ends the calls once queued copies landed
 
     def _fail(self, err: TransferError) -> None:
         super()._fail(err)
@@ -416,3 +447,4 @@ class _IpcSendHandle(ChunkSendHandle):
             self._copier.synchronize()
         if self._link is not None:
             self._link.release()
+        self._end_push()

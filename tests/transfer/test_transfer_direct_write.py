@@ -181,6 +181,20 @@ def test_transfer_without_pushes_waits_for_the_attach(rig: Rig) -> None:
     assert info.value.code == "NOT_FOUND"
 
 
+def test_abort_while_the_calls_are_opening_releases_the_writer(rig: Rig) -> None:
+    """start() returns before Attach and Push are open; an abort then still ends both and
+    the receiver's reservation has no writer left (it can be forgotten and freed at once)."""
+    rig.receiver.expect("r1", DST)
+    handle = rig.handle()
+    handle.abort()
+    with pytest.raises(TransferError) as info:
+        handle.finish(timeout=5)
+    assert info.value.code == "CANCELLED"
+    wait_until(lambda: not rig.receiver.writer_attached("r1"))
+    assert rig.receiver.forget("r1", on_released=rig.reuse_blocks) is True
+    assert rig.copier.queued == 0
+
+
 def test_lost_writer_is_released_after_the_grace(rig: Rig) -> None:
     rig.receiver.expect("r1", DST)
     rig.copier.gate.set()
