@@ -22,9 +22,18 @@ class FakeStack(Stack):
     """pdserve.launch.Stack whose workers are bench/fake_workers.py (tokens every interval_ms)."""
 
     def __init__(self, interval_ms: float = 20.0, model: str | None = None, echo: bool = False,
-                 gateway_args: list[str] | None = None, slots: int = 1, emit_log: str | None = None) -> None:
+                 gateway_args: list[str] | None = None, slots: int = 1, emit_log: str | None = None,
+                 gateway_cpus: set[int] | None = None) -> None:
         super().__init__(model=model, gateway_args=gateway_args, echo=echo)
         self.interval_ms, self.slots, self.emit_log = interval_ms, slots, emit_log
+        self.gateway_cpus = gateway_cpus
+
+    def preexec(self, name: str):
+        """Gateways (and their --num-procs children, which inherit it) run on gateway_cpus only."""
+        cpus = self.gateway_cpus
+        if cpus and name.startswith("gateway"):
+            return lambda: os.sched_setaffinity(0, cpus)
+        return None
 
     def _spawn_workers(self) -> dict[str, Proc]:
         return {role: self._spawn_fake(role) for role in ("prefill", "decode")}

@@ -305,6 +305,15 @@ def added(pairs: list[dict[str, Any]], side: str = "gateway") -> dict[str, Any]:
     }
 
 
+def _cpu_list(text: str) -> set[int]:
+    """"0,1" or "2-15" or "0,4-7" -> a set of CPU numbers."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description="gateway per-token overhead against fake workers (CPU)")
     p.add_argument("--streams", type=int, default=500)
@@ -319,13 +328,21 @@ def main() -> None:
                    help="gateway --num-procs; a list (1,2) runs one gateway per value in each round")
     p.add_argument("--connections", type=int, default=1, help="client connections to a gateway (round robin)")
     p.add_argument("--label", default="", help="a note stored with the run")
+    p.add_argument("--model", default=None, help="model folder for the gateway's tokenizer (default: the default model)")
+    p.add_argument("--gateway-cpus", type=_cpu_list, default=None,
+                   help="pin the gateway processes to these CPUs, e.g. 0,1 (Linux)")
+    p.add_argument("--harness-cpus", type=_cpu_list, default=None,
+                   help="pin this client and the fake workers to these CPUs, e.g. 2-15 (Linux)")
     p.add_argument("--out", default=None, help="default bench/results/gateway-overhead-cpu-<date>.json; runs append")
     args = p.parse_args()
+    if args.harness_cpus:  # before any thread or child exists: all inherit it
+        os.sched_setaffinity(0, args.harness_cpus)
     with tempfile.TemporaryDirectory() as tmp:
         emit_log = Path(tmp) / "emits.txt"
         emit_log.touch()
-        with FakeStack(interval_ms=args.interval_ms, slots=args.slots, emit_log=str(emit_log),
-                       gateway_args=["--num-procs", str(args.num_procs[0])]) as stack:
+        with FakeStack(interval_ms=args.interval_ms, slots=args.slots, emit_log=str(emit_log), model=args.model,
+                       gateway_args=["--num-procs", str(args.num_procs[0])],
+                       gateway_cpus=args.gateway_cpus) as stack:
             doc = asyncio.run(experiment(args, stack, emit_log))
             doc["log_tails"] = {name: proc.lines[-10:] for name, proc in stack.procs.items()}
     date = time.strftime("%Y-%m-%d", time.gmtime())
@@ -333,6 +350,7 @@ def main() -> None:
             "machine": _machine(), "command": "python " + " ".join(sys.argv), "label": args.label,
             "interval_ms": args.interval_ms, "slots": args.slots, "streams": args.streams,
             "num_procs": {side_name(i, n): n for i, n in enumerate(args.num_procs)}, "connections": args.connections,
+            "gateway_cpus": sorted(args.gateway_cpus or []), "harness_cpus": sorted(args.harness_cpus or []),
             "offered_tokens_per_s": args.streams * 1000.0 / args.interval_ms}
     run_doc = _without_samples({**head, **doc})
     out = Path(args.out or Path(__file__).parent / "results" / f"gateway-overhead-cpu-{date}.json")
@@ -382,7 +400,7 @@ def _machine() -> dict[str, Any]:
     model = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                   if ln.startswith("model name")), platform.processor())
     return {"cpus": os.cpu_count(), "cpu": model, "python": platform.python_version(), "host": platform.node(),
-            "note": "2 cores shared with other engineers' jobs; fake workers, gateway and client share them"}
+            "note": "fake workers, gateway and client share the CPUs unless gateway_cpus / harness_cpus pin them"}
 
 
 def _commit() -> str:

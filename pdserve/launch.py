@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -74,11 +75,15 @@ class Stack:
         cmd = [sys.executable, "-u", "-m", module, "--port", str(port), *self.model_args, *args]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                 cwd=Path(__file__).resolve().parents[1])
+                                 cwd=Path(__file__).resolve().parents[1], preexec_fn=self.preexec(name))
         proc = Proc(name, f"127.0.0.1:{port}", popen)
         threading.Thread(target=proc.pump, args=(self.echo,), daemon=True).start()
         self.procs[name] = proc
         return proc
+
+    def preexec(self, name: str) -> Callable[[], None] | None:
+        """Run in the child `name` before it starts (benchmarks pin CPUs here); None: nothing."""
+        return None
 
     def start(self, timeout: float = 300.0, gateway_port: int | None = None) -> "Stack":
         try:
