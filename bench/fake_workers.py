@@ -20,7 +20,10 @@ import argparse
 import asyncio
 import math
 import time
+from collections.abc import Callable
 from typing import TextIO
+
+import grpc
 
 from pdserve import serving
 from pdserve.proto import kv_pb2, worker_pb2, worker_pb2_grpc
@@ -35,16 +38,21 @@ class Clock:
     def __init__(self, interval: float, slots: int = 1) -> None:
         self.interval, self.slots = interval, slots
         self.subscribers: dict[asyncio.Queue[int], int] = {}
+        self.listeners: list[Callable[[int], None]] = []  # called with every tick k
         self.task: asyncio.Task[None] | None = None
         self.joined = 0
 
     def subscribe(self) -> asyncio.Queue[int]:
+        q: asyncio.Queue[int] = asyncio.Queue()
+        self.subscribers[q] = self.next_slot()
+        return q
+
+    def next_slot(self) -> int:
+        """The slot of the next stream to join (streams take the slots in turn)."""
         if self.task is None:
             self.task = asyncio.create_task(self._tick())
-        q: asyncio.Queue[int] = asyncio.Queue()
-        self.subscribers[q] = self.joined % self.slots
         self.joined += 1
-        return q
+        return (self.joined - 1) % self.slots
 
     async def _tick(self) -> None:
         k = math.floor(time.monotonic() / self.interval) + 1
@@ -53,6 +61,8 @@ class Clock:
             for q, slot in list(self.subscribers.items()):
                 if slot == k % self.slots:
                     q.put_nowait(k)
+            for listener in list(self.listeners):
+                listener(k)
             k = max(k + 1, math.floor(time.monotonic() / self.interval) + 1)  # skip ticks we slept through
 
 
@@ -78,6 +88,44 @@ class FakePrefill(worker_pb2_grpc.PrefillWorkerServicer):
         return _stats("prefill", 1 << 16)
 
 
+class _FakeSub:
+    """The requests of one Subscribe stream: slot, tokens left, emit times."""
+
+    def __init__(self, slots: int, vocab: int) -> None:
+        self.slots, self.vocab = slots, vocab
+        self.queue: asyncio.Queue[tuple[worker_pb2.StepTokens, list[str]]] = asyncio.Queue()
+        self.slot: dict[str, int] = {}
+        self.left: dict[str, int] = {}
+        self.emitted: dict[str, list[float]] = {}
+
+    def add(self, rid: str, slot: int, count: int) -> None:
+        self.slot[rid], self.left[rid], self.emitted[rid] = slot, count, []
+
+    def tick(self, k: int) -> None:
+        msg, rids = worker_pb2.StepTokens(), []
+        for rid, slot in self.slot.items():
+            if slot == k % self.slots and self.left[rid] > 0:
+                self.left[rid] -= 1
+                finish = LENGTH if self.left[rid] == 0 else worker_pb2.WORKER_FINISH_NONE
+                msg.batches.add(request_id=rid, token_ids=[k % self.vocab], finish=finish)
+                rids.append(rid)
+        if rids:
+            self.queue.put_nowait((msg, rids))
+
+    def remove(self, rid: str) -> bool:
+        """An aborted request leaves (True if it was here)."""
+        self.emitted.pop(rid, None)
+        self.slot.pop(rid, None)
+        return self.left.pop(rid, None) is not None
+
+    def done(self, rids: list[str]) -> list[str]:
+        """Of rids (just sent), those that got their last token; they leave."""
+        out = [rid for rid in rids if self.left.get(rid) == 0]
+        for rid in out:
+            del self.slot[rid], self.left[rid]
+        return out
+
+
 class FakeDecode(worker_pb2_grpc.DecodeWorkerServicer):
     """Streams max_tokens - 1 tokens (the prefill worker sent the first), one per clock tick."""
 
@@ -85,6 +133,7 @@ class FakeDecode(worker_pb2_grpc.DecodeWorkerServicer):
         self.clock, self.vocab, self.block_size = clock, vocab, block_size
         self.running = 0
         self.emit_log = emit_log
+        self.subs: dict[str, _FakeSub] = {}
 
     async def Reserve(self, request, context) -> worker_pb2.KvTarget:
         n = -(-request.num_tokens // self.block_size)
@@ -118,7 +167,51 @@ class FakeDecode(worker_pb2_grpc.DecodeWorkerServicer):
             if self.emit_log is not None and emitted:
                 self.emit_log.write(rid + " " + " ".join(f"{t:.6f}" for t in emitted) + "\n")
 
+    async def Subscribe(self, request, context):
+        """One StepTokens per tick with a token of every request of this subscription whose
+        slot the tick is (a real decode worker's step: all its requests' tokens at once)."""
+        sid = request.subscriber_id
+        sub = self.subs[sid] = _FakeSub(self.clock.slots, self.vocab)
+        self.clock.listeners.append(sub.tick)
+        try:
+            yield worker_pb2.StepTokens()
+            while True:
+                msg, rids = await sub.queue.get()
+                now = time.monotonic()
+                for rid in rids:
+                    sub.emitted[rid].append(now)
+                yield msg
+                for rid in sub.done(rids):
+                    self._log(rid, sub.emitted.pop(rid))
+        finally:
+            self.clock.listeners.remove(sub.tick)
+            self.subs.pop(sid, None)
+            self.running -= len(sub.left)
+
+    async def StartDecode(self, request, context) -> worker_pb2.Started:
+        return await self._start(request.subscriber_id, request.request_id, request.sampling.max_tokens - 1, context)
+
+    async def StartGenerate(self, request, context) -> worker_pb2.Started:
+        return await self._start(request.subscriber_id, request.request_id, request.sampling.max_tokens, context)
+
+    async def _start(self, sid: str, rid: str, count: int, context) -> worker_pb2.Started:
+        sub = self.subs.get(sid)
+        if sub is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"subscriber_id: {sid!r} is not subscribed")
+        sub.add(rid, self.clock.next_slot(), count)
+        self.running += 1
+        return worker_pb2.Started()
+
+    def _log(self, rid: str, emitted: list[float]) -> None:
+        self.running -= 1
+        if self.emit_log is not None and emitted:
+            self.emit_log.write(rid + " " + " ".join(f"{t:.6f}" for t in emitted) + "\n")
+
     async def Abort(self, request, context) -> worker_pb2.AbortResponse:
+        for sub in self.subs.values():
+            if sub.remove(request.request_id):
+                self.running -= 1
+                return worker_pb2.AbortResponse(found=True)
         return worker_pb2.AbortResponse(found=False)
 
     async def GetStats(self, request, context) -> worker_pb2.WorkerStats:

@@ -1,4 +1,5 @@
-"""gRPC face of the decode worker: Reserve, Decode (token stream), Generate (colocated), Abort, GetStats."""
+"""gRPC face of the decode worker: Reserve, Decode (token stream), Generate (colocated), their
+multiplexed forms (Subscribe + StartDecode / StartGenerate), Abort, GetStats."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ import grpc
 
 from decode_service.engine import DecodeEngine, ReservationError
 from decode_service.spans import DecodeSpans
+from decode_service.subscriptions import FINISH_TO_WIRE, Subscription
 from pdserve.core.block_manager import NoFreeBlocks
 from pdserve.core.kv_layout import KvLayout
-from pdserve.core.request import Finish
 from pdserve.proto import worker_pb2, worker_pb2_grpc
 from pdserve.serving import sampling_from_wire
 from pdserve.streams import EventStream
@@ -19,11 +20,6 @@ from pdserve.transfer.base import layout_to_proto
 
 log = logging.getLogger(__name__)
 
-FINISH_TO_WIRE = {
-    Finish.STOP: worker_pb2.WORKER_FINISH_STOP,
-    Finish.LENGTH: worker_pb2.WORKER_FINISH_LENGTH,
-    Finish.ABORT: worker_pb2.WORKER_FINISH_ABORT,
-}
 
 
 class DecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
@@ -36,6 +32,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
         self.backend = backend
         self.model = model
         self.spans = DecodeSpans()
+        self.subscriptions: dict[str, Subscription] = {}
 
     async def Reserve(self, request: worker_pb2.ReserveRequest, context: grpc.aio.ServicerContext) -> worker_pb2.KvTarget:
         max_len = self.engine.loop.scheduler.cfg.max_model_len
@@ -65,17 +62,8 @@ class DecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
 
     async def Decode(self, request: worker_pb2.DecodeRequest, context: grpc.aio.ServicerContext):
         rid = request.request_id
-        try:
-            params = sampling_from_wire(request.sampling)
-        except ValueError as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"sampling.{e}")
         stream = EventStream()
-        try:
-            self.engine.start(rid, list(request.prompt_token_ids), request.first_token, params, stream.sink)
-        except ReservationError as e:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
-        except ValueError as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        await self._start_decode(request, context, stream.sink)
         span, n = self.spans.started(rid, context), 0
         try:
             async for batch in self._relay(rid, stream):
@@ -87,20 +75,86 @@ class DecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
 
     async def Generate(self, request: worker_pb2.GenerateWork, context: grpc.aio.ServicerContext):
         """Colocated mode: prefill and decode the request on this worker, streaming tokens."""
-        rid = request.request_id
-        if not rid:
+        stream = EventStream()
+        await self._start_generate(request, context, stream.sink)
+        async for batch in self._relay(request.request_id, stream):
+            yield batch
+
+    async def Subscribe(self, request: worker_pb2.SubscribeRequest, context: grpc.aio.ServicerContext):
+        """A gateway's token stream: an empty first message, then one per engine step with the
+        tokens of every request started on it; requests still running when it ends are aborted."""
+        sid = request.subscriber_id
+        if not sid:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "subscriber_id: empty")
+        if sid in self.subscriptions:
+            await context.abort(grpc.StatusCode.ALREADY_EXISTS, f"subscriber_id: {sid!r} is already subscribed")
+        sub = self.subscriptions[sid] = Subscription()
+        try:
+            yield worker_pb2.StepTokens()
+            while True:
+                yield sub.message(await sub.stream.next_batch())
+        finally:
+            del self.subscriptions[sid]
+            for rid in sub.close():  # the gateway went away: free the blocks now
+                self.engine.abort(rid)
+
+    async def StartDecode(self, request: worker_pb2.DecodeRequest, context: grpc.aio.ServicerContext
+                          ) -> worker_pb2.Started:
+        """Decode with the tokens on the Subscribe stream `subscriber_id`."""
+        sub = await self._subscription(request.subscriber_id, context)
+        sub.add(request.request_id)
+        try:
+            await self._start_decode(request, context, sub.stream.sink)
+        except BaseException:
+            sub.discard(request.request_id)
+            raise
+        sub.add(request.request_id, self.spans.started(request.request_id, context))
+        return worker_pb2.Started()
+
+    async def StartGenerate(self, request: worker_pb2.GenerateWork, context: grpc.aio.ServicerContext
+                            ) -> worker_pb2.Started:
+        """Generate (colocated) with the tokens on the Subscribe stream `subscriber_id`."""
+        sub = await self._subscription(request.subscriber_id, context)
+        sub.add(request.request_id)
+        try:
+            await self._start_generate(request, context, sub.stream.sink)
+        except BaseException:
+            sub.discard(request.request_id)
+            raise
+        return worker_pb2.Started()
+
+    async def _subscription(self, sid: str, context: grpc.aio.ServicerContext) -> Subscription:
+        sub = self.subscriptions.get(sid)
+        if sub is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"subscriber_id: {sid!r} has no open Subscribe stream here")
+        return sub
+
+    async def _start_decode(self, request: worker_pb2.DecodeRequest, context: grpc.aio.ServicerContext,
+                            sink) -> None:
+        try:
+            params = sampling_from_wire(request.sampling)
+        except ValueError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"sampling.{e}")
+        try:
+            self.engine.start(request.request_id, list(request.prompt_token_ids), request.first_token, params, sink)
+        except ReservationError as e:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        except ValueError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+
+    async def _start_generate(self, request: worker_pb2.GenerateWork, context: grpc.aio.ServicerContext,
+                              sink) -> None:
+        if not request.request_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request_id: empty")
         try:
             params = sampling_from_wire(request.sampling)
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"sampling.{e}")
-        stream = EventStream()
         try:
-            self.engine.generate(rid, list(request.prompt_token_ids), params, stream.sink)
+            self.engine.generate(request.request_id, list(request.prompt_token_ids), params, sink)
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        async for batch in self._relay(rid, stream):
-            yield batch
 
     async def _relay(self, rid: str, stream: EventStream):
         """Token events of rid as TokenBatches until it finishes; aborts it if the caller leaves."""

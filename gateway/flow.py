@@ -75,10 +75,11 @@ async def _colocated(job: Job, router: Router, deadline: Deadline, tried: list[W
     worker.inflight += 1
     done = False
     try:
-        call = worker.stub.Generate(worker_pb2.GenerateWork(
-            request_id=job.request_id, prompt_token_ids=job.prompt, sampling=job.sampling),
-            timeout=deadline.remaining())
-        async for item in _relay(call, worker, router):
+        def start(subscriber: str):
+            return worker.stub.StartGenerate(worker_pb2.GenerateWork(
+                request_id=job.request_id, prompt_token_ids=job.prompt, sampling=job.sampling,
+                subscriber_id=subscriber), timeout=deadline.remaining(CONTROL_TIMEOUT_S))
+        async for item in _tokens(worker, job.request_id, start, router, deadline):
             done = item[1] is not None
             yield item
     finally:
@@ -107,10 +108,12 @@ async def _disaggregated(job: Job, router: Router, deadline: Deadline, tried: li
             yield [first.first_token], finish
             return
         yield [first.first_token], None
-        call = decode.stub.Decode(worker_pb2.DecodeRequest(
-            request_id=rid, prompt_token_ids=job.prompt, first_token=first.first_token,
-            sampling=job.sampling), timeout=deadline.remaining())
-        async for item in _relay(call, decode, router):
+
+        def start(subscriber: str):
+            return decode.stub.StartDecode(worker_pb2.DecodeRequest(
+                request_id=rid, prompt_token_ids=job.prompt, first_token=first.first_token,
+                sampling=job.sampling, subscriber_id=subscriber), timeout=deadline.remaining(CONTROL_TIMEOUT_S))
+        async for item in _tokens(decode, rid, start, router, deadline):
             done = item[1] is not None
             yield item
     finally:
@@ -119,10 +122,11 @@ async def _disaggregated(job: Job, router: Router, deadline: Deadline, tried: li
             await asyncio.gather(_abort(prefill, rid), _abort(decode, rid))
 
 
-async def _relay(call, worker: Worker, router: Router) -> Tokens:
-    """Token batches of a worker stream until a finish; a lost worker is taken out of the router."""
+async def _tokens(worker: Worker, rid: str, start, router: Router, deadline: Deadline) -> Tokens:
+    """Token batches of rid from the worker's token stream until a finish; a lost worker is
+    taken out of the router."""
     try:
-        async for batch in call:
+        async for batch in worker.mux.stream(rid, start, deadline.remaining()):
             finish = WIRE_FINISH.get(batch.finish)
             yield list(batch.token_ids), finish
             if finish is not None:

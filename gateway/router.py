@@ -15,6 +15,7 @@ from typing import TypeVar
 import grpc
 from grpc_health.v1 import health_pb2_grpc
 
+from gateway.mux import TokenMux
 from pdserve.proto import worker_pb2, worker_pb2_grpc
 from pdserve.serving import GRPC_OPTIONS
 from pdserve.telemetry import client_interceptors
@@ -42,6 +43,7 @@ class Worker:
     healthy: bool = True
     stats: worker_pb2.WorkerStats | None = None
     order: int = field(default_factory=itertools.count().__next__)
+    mux: TokenMux | None = None  # decode and colocated workers: their token stream
 
     def prefill_load(self) -> int:
         queued = self.stats.queued_tokens if self.stats else 0
@@ -84,7 +86,9 @@ class Router:
     def _connect(address: str, stub_cls: type) -> Worker:
         channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS + KEEPALIVE,
                                             interceptors=client_interceptors())
-        return Worker(address, channel, stub_cls(channel), health_pb2_grpc.HealthStub(channel))
+        stub = stub_cls(channel)
+        mux = TokenMux(stub) if stub_cls is worker_pb2_grpc.DecodeWorkerStub else None
+        return Worker(address, channel, stub, health_pb2_grpc.HealthStub(channel), mux=mux)
 
     def ranked(self, pool: list[Worker], exclude: tuple[Worker, ...] = ()) -> list[Worker]:
         """Healthy workers of pool, least loaded first (excluded ones only when nothing else is left)."""
@@ -128,4 +132,6 @@ class Router:
 
     async def close(self) -> None:
         for w in self.workers:
+            if w.mux is not None:
+                await w.mux.close()
             await w.channel.close()

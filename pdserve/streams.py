@@ -1,8 +1,9 @@
-"""Bridge from the engine thread to asyncio: a sink that feeds an asyncio.Queue."""
+"""Bridge from the engine thread to asyncio: sinks that feed the event loop (per request, or batched)."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 
 from pdserve.core.scheduler import TokenEvent
 
@@ -23,3 +24,34 @@ class EventStream:
         while not self._queue.empty():
             events.append(self._queue.get_nowait())
         return events
+
+
+class StepStream:
+    """Token events of many requests (one subscriber), pushed from the engine thread and read
+    in the event loop in batches: one loop wake-up per engine step, not one per token."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._events: list[TokenEvent] = []
+        self._lock = threading.Lock()
+        self._ready = asyncio.Event()
+        self._wake_pending = False
+
+    def sink(self, event: TokenEvent) -> None:
+        with self._lock:
+            self._events.append(event)
+            if self._wake_pending:
+                return
+            self._wake_pending = True
+        self._loop.call_soon_threadsafe(self._ready.set)
+
+    async def next_batch(self) -> list[TokenEvent]:
+        """Every event pushed since the last call (at least one), in push order."""
+        while True:
+            await self._ready.wait()
+            self._ready.clear()
+            with self._lock:
+                events, self._events = self._events, []
+                self._wake_pending = False
+            if events:
+                return events

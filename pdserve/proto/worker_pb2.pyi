@@ -106,34 +106,56 @@ class PrefillResponse(_message.Message):
     def __init__(self, first_token: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., kv_transfer_ms: _Optional[float] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
 
 class DecodeRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "first_token", "sampling")
+    __slots__ = ("request_id", "prompt_token_ids", "first_token", "sampling", "subscriber_id")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIBER_ID_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     first_token: int
     sampling: WorkerSampling
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., first_token: _Optional[int] = ..., sampling: _Optional[_Union[WorkerSampling, _Mapping]] = ...) -> None: ...
+    subscriber_id: str
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., first_token: _Optional[int] = ..., sampling: _Optional[_Union[WorkerSampling, _Mapping]] = ..., subscriber_id: _Optional[str] = ...) -> None: ...
 
 class GenerateWork(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "sampling")
+    __slots__ = ("request_id", "prompt_token_ids", "sampling", "subscriber_id")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIBER_ID_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: WorkerSampling
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[WorkerSampling, _Mapping]] = ...) -> None: ...
+    subscriber_id: str
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[WorkerSampling, _Mapping]] = ..., subscriber_id: _Optional[str] = ...) -> None: ...
 
 class TokenBatch(_message.Message):
-    __slots__ = ("token_ids", "finish")
+    __slots__ = ("token_ids", "finish", "request_id")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     FINISH_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     finish: WorkerFinish
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., finish: _Optional[_Union[WorkerFinish, str]] = ...) -> None: ...
+    request_id: str
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., finish: _Optional[_Union[WorkerFinish, str]] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class SubscribeRequest(_message.Message):
+    __slots__ = ("subscriber_id",)
+    SUBSCRIBER_ID_FIELD_NUMBER: _ClassVar[int]
+    subscriber_id: str
+    def __init__(self, subscriber_id: _Optional[str] = ...) -> None: ...
+
+class StepTokens(_message.Message):
+    __slots__ = ("batches",)
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    batches: _containers.RepeatedCompositeFieldContainer[TokenBatch]
+    def __init__(self, batches: _Optional[_Iterable[_Union[TokenBatch, _Mapping]]] = ...) -> None: ...
+
+class Started(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class AbortRequest(_message.Message):
     __slots__ = ("request_id",)

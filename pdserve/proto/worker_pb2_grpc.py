@@ -212,6 +212,21 @@ class DecodeWorkerStub:
                 request_serializer=pdserve_dot_v1_dot_worker__pb2.GenerateWork.SerializeToString,
                 response_deserializer=pdserve_dot_v1_dot_worker__pb2.TokenBatch.FromString,
                 _registered_method=True)
+        self.Subscribe = channel.unary_stream(
+                '/pdserve.v1.DecodeWorker/Subscribe',
+                request_serializer=pdserve_dot_v1_dot_worker__pb2.SubscribeRequest.SerializeToString,
+                response_deserializer=pdserve_dot_v1_dot_worker__pb2.StepTokens.FromString,
+                _registered_method=True)
+        self.StartDecode = channel.unary_unary(
+                '/pdserve.v1.DecodeWorker/StartDecode',
+                request_serializer=pdserve_dot_v1_dot_worker__pb2.DecodeRequest.SerializeToString,
+                response_deserializer=pdserve_dot_v1_dot_worker__pb2.Started.FromString,
+                _registered_method=True)
+        self.StartGenerate = channel.unary_unary(
+                '/pdserve.v1.DecodeWorker/StartGenerate',
+                request_serializer=pdserve_dot_v1_dot_worker__pb2.GenerateWork.SerializeToString,
+                response_deserializer=pdserve_dot_v1_dot_worker__pb2.Started.FromString,
+                _registered_method=True)
         self.Abort = channel.unary_unary(
                 '/pdserve.v1.DecodeWorker/Abort',
                 request_serializer=pdserve_dot_v1_dot_worker__pb2.AbortRequest.SerializeToString,
@@ -252,6 +267,26 @@ class DecodeWorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Subscribe(self, request, context):
+        """The same two, with the tokens multiplexed on a Subscribe stream (one message per step for
+        all of a gateway's requests, not one per request). Errors of the start come as its status.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StartDecode(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StartGenerate(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Abort(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -286,6 +321,21 @@ def add_DecodeWorkerServicer_to_server(servicer, server):
                     servicer.Generate,
                     request_deserializer=pdserve_dot_v1_dot_worker__pb2.GenerateWork.FromString,
                     response_serializer=pdserve_dot_v1_dot_worker__pb2.TokenBatch.SerializeToString,
+            ),
+            'Subscribe': grpc.unary_stream_rpc_method_handler(
+                    servicer.Subscribe,
+                    request_deserializer=pdserve_dot_v1_dot_worker__pb2.SubscribeRequest.FromString,
+                    response_serializer=pdserve_dot_v1_dot_worker__pb2.StepTokens.SerializeToString,
+            ),
+            'StartDecode': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartDecode,
+                    request_deserializer=pdserve_dot_v1_dot_worker__pb2.DecodeRequest.FromString,
+                    response_serializer=pdserve_dot_v1_dot_worker__pb2.Started.SerializeToString,
+            ),
+            'StartGenerate': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartGenerate,
+                    request_deserializer=pdserve_dot_v1_dot_worker__pb2.GenerateWork.FromString,
+                    response_serializer=pdserve_dot_v1_dot_worker__pb2.Started.SerializeToString,
             ),
             'Abort': grpc.unary_unary_rpc_method_handler(
                     servicer.Abort,
@@ -406,6 +456,87 @@ class DecodeWorker:
             '/pdserve.v1.DecodeWorker/Generate',
             pdserve_dot_v1_dot_worker__pb2.GenerateWork.SerializeToString,
             pdserve_dot_v1_dot_worker__pb2.TokenBatch.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Subscribe(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/pdserve.v1.DecodeWorker/Subscribe',
+            pdserve_dot_v1_dot_worker__pb2.SubscribeRequest.SerializeToString,
+            pdserve_dot_v1_dot_worker__pb2.StepTokens.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StartDecode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pdserve.v1.DecodeWorker/StartDecode',
+            pdserve_dot_v1_dot_worker__pb2.DecodeRequest.SerializeToString,
+            pdserve_dot_v1_dot_worker__pb2.Started.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StartGenerate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pdserve.v1.DecodeWorker/StartGenerate',
+            pdserve_dot_v1_dot_worker__pb2.GenerateWork.SerializeToString,
+            pdserve_dot_v1_dot_worker__pb2.Started.FromString,
             options,
             channel_credentials,
             insecure,

@@ -129,3 +129,38 @@ def test_reservation_lease_expires_unless_renewed(stack):
             assert time.monotonic() < deadline, "reservation not freed after its lease"
             time.sleep(0.1)
         assert not stub.Renew(worker_pb2.RenewRequest(request_id="lease-a"), timeout=5).found
+
+
+def test_subscribe_stream_errors_and_close_aborts(stack):
+    """The decode worker's multiplexed token stream: bad ids are refused naming the field, the
+    first message says the stream is registered, tokens carry their request id, and a closed
+    stream aborts its requests (no block leaks)."""
+    from pdserve.proto import worker_pb2, worker_pb2_grpc
+    from pdtest.stack import assert_no_leaks
+
+    sampling = worker_pb2.WorkerSampling(temperature=0.0, max_tokens=200, ignore_eos=True)
+    with grpc.insecure_channel(stack.procs["decode"].address) as ch:
+        stub = worker_pb2_grpc.DecodeWorkerStub(ch)
+        with pytest.raises(grpc.RpcError) as err:
+            next(stub.Subscribe(worker_pb2.SubscribeRequest(subscriber_id=""), timeout=10))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "subscriber_id" in err.value.details()
+        with pytest.raises(grpc.RpcError) as err:
+            stub.StartGenerate(worker_pb2.GenerateWork(request_id="m1", prompt_token_ids=[1, 2, 3],
+                                                       sampling=sampling, subscriber_id="nobody"), timeout=10)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "subscriber_id" in err.value.details()
+        call = stub.Subscribe(worker_pb2.SubscribeRequest(subscriber_id="s1"), timeout=60)
+        assert not next(call).batches  # registered
+        with pytest.raises(grpc.RpcError) as err:
+            next(stub.Subscribe(worker_pb2.SubscribeRequest(subscriber_id="s1"), timeout=10))
+        assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
+        for rid in ("m1", "m2"):
+            stub.StartGenerate(worker_pb2.GenerateWork(request_id=rid, prompt_token_ids=[1, 2, 3],
+                                                       sampling=sampling, subscriber_id="s1"), timeout=10)
+        seen: dict[str, int] = {}
+        while min(seen.get("m1", 0), seen.get("m2", 0)) < 3:
+            for batch in next(call).batches:
+                assert batch.finish == worker_pb2.WORKER_FINISH_NONE
+                seen[batch.request_id] = seen.get(batch.request_id, 0) + len(batch.token_ids)
+        assert set(seen) == {"m1", "m2"}
+        call.cancel()  # the gateway went away mid-generation
+    assert_no_leaks(stack)
