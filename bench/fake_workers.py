@@ -8,8 +8,10 @@ k of a clock of period interval / N with k % N == i % N), as with N staggered de
 
 Token ids encode the tick: a token sent at tick k (due at k * period on the monotonic clock) has
 id k % vocab-size. With --emit-log PATH the decode worker also appends, when a stream ends, one
-line `request_id t1 t2 ...`: the monotonic time (seconds) at which it handed each decode token to
-gRPC, so a client on the same host can tell how long each token took to reach it.
+line `request_id t1 t2 ...`: the monotonic time (seconds) of the step that made each decode token
+(the clock's wake-up for its tick: all tokens of a tick share it, as the tokens of one engine
+step do), so a client on the same host can tell how long each token took to reach it from the
+engine, whichever path (per-request Decode streams or the multiplexed Subscribe stream) it took.
 
     python bench/fake_workers.py --role decode --port 50053 --interval-ms 20
 """
@@ -37,13 +39,13 @@ class Clock:
 
     def __init__(self, interval: float, slots: int = 1) -> None:
         self.interval, self.slots = interval, slots
-        self.subscribers: dict[asyncio.Queue[int], int] = {}
-        self.listeners: list[Callable[[int], None]] = []  # called with every tick k
+        self.subscribers: dict[asyncio.Queue[tuple[int, float]], int] = {}
+        self.listeners: list[Callable[[int, float], None]] = []  # called with every tick (k, time)
         self.task: asyncio.Task[None] | None = None
         self.joined = 0
 
-    def subscribe(self) -> asyncio.Queue[int]:
-        q: asyncio.Queue[int] = asyncio.Queue()
+    def subscribe(self) -> asyncio.Queue[tuple[int, float]]:
+        q: asyncio.Queue[tuple[int, float]] = asyncio.Queue()
         self.subscribers[q] = self.next_slot()
         return q
 
@@ -58,11 +60,12 @@ class Clock:
         k = math.floor(time.monotonic() / self.interval) + 1
         while True:
             await asyncio.sleep(max(0.0, k * self.interval - time.monotonic()))
+            now = time.monotonic()  # the step that makes tick k's tokens ends now
             for q, slot in list(self.subscribers.items()):
                 if slot == k % self.slots:
-                    q.put_nowait(k)
+                    q.put_nowait((k, now))
             for listener in list(self.listeners):
-                listener(k)
+                listener(k, now)
             k = max(k + 1, math.floor(time.monotonic() / self.interval) + 1)  # skip ticks we slept through
 
 
@@ -93,7 +96,7 @@ class _FakeSub:
 
     def __init__(self, slots: int, vocab: int) -> None:
         self.slots, self.vocab = slots, vocab
-        self.queue: asyncio.Queue[tuple[worker_pb2.StepTokens, list[str]]] = asyncio.Queue()
+        self.queue: asyncio.Queue[tuple[worker_pb2.StepTokens, list[str], float]] = asyncio.Queue()
         self.slot: dict[str, int] = {}
         self.left: dict[str, int] = {}
         self.emitted: dict[str, list[float]] = {}
@@ -101,7 +104,7 @@ class _FakeSub:
     def add(self, rid: str, slot: int, count: int) -> None:
         self.slot[rid], self.left[rid], self.emitted[rid] = slot, count, []
 
-    def tick(self, k: int) -> None:
+    def tick(self, k: int, now: float) -> None:
         msg, rids = worker_pb2.StepTokens(), []
         for rid, slot in self.slot.items():
             if slot == k % self.slots and self.left[rid] > 0:
@@ -110,7 +113,7 @@ class _FakeSub:
                 msg.batches.add(request_id=rid, token_ids=[k % self.vocab], finish=finish)
                 rids.append(rid)
         if rids:
-            self.queue.put_nowait((msg, rids))
+            self.queue.put_nowait((msg, rids, now))
 
     def remove(self, rid: str) -> bool:
         """An aborted request leaves (True if it was here)."""
@@ -156,10 +159,10 @@ class FakeDecode(worker_pb2_grpc.DecodeWorkerServicer):
         emitted: list[float] = []
         try:
             for i in range(count):
-                tick = await q.get()
+                tick, stepped = await q.get()
                 finish = LENGTH if i == count - 1 else worker_pb2.WORKER_FINISH_NONE
                 batch = worker_pb2.TokenBatch(token_ids=[tick % self.vocab], finish=finish)
-                emitted.append(time.monotonic())
+                emitted.append(stepped)
                 yield batch
         finally:
             self.clock.subscribers.pop(q, None)
@@ -176,10 +179,9 @@ class FakeDecode(worker_pb2_grpc.DecodeWorkerServicer):
         try:
             yield worker_pb2.StepTokens()
             while True:
-                msg, rids = await sub.queue.get()
-                now = time.monotonic()
+                msg, rids, stepped = await sub.queue.get()
                 for rid in rids:
-                    sub.emitted[rid].append(now)
+                    sub.emitted[rid].append(stepped)
                 yield msg
                 for rid in sub.done(rids):
                     self._log(rid, sub.emitted.pop(rid))

@@ -2,13 +2,17 @@
 token per stream every --interval-ms, the real gateway (a process) in front, `pdserve bench`'s
 engine as the client (this process), all on this host.
 
-The measure, per decode token: the monotonic time the client saw it minus the monotonic time the
-fake decode worker handed it to gRPC (the fake logs those times per request id, bench/fake_workers.py
---emit-log; the client reads the gateway's request id from the Complete message). CLOCK_MONOTONIC is
-one clock for every process of the host. Percentiles are taken over these per-token delays, in the
-steady state (every stream started, none finished). The delay includes the fake worker's own send
-and the client's own receive, so it is an upper bound on what the gateway adds; the same client
-calling the fake workers directly (no gateway) measures those two alone (the `direct` baseline).
+The measure, per decode token: the monotonic time the client saw it minus the monotonic time of
+the fake decode worker's step that made it (all tokens of one step share that time, as in a real
+engine; the fake logs it per request id, bench/fake_workers.py --emit-log; the client reads the
+gateway's request id from the Complete message). CLOCK_MONOTONIC is one clock for every process of
+the host. Percentiles are taken over these per-token delays, in the steady state (every stream
+started, none finished). The delay includes the fake worker's own sends and the client's own
+receive, so it is an upper bound on what the gateway adds; the same client calling the fake
+workers directly (no gateway; one Decode stream per request) measures those alone (the `direct`
+baseline). Until session 4 the origin was the moment the fake handed each token to gRPC, which
+hid the fake's own serial sends from the direct baseline; the step time is the origin both paths
+share whatever the worker-to-gateway protocol (per-request streams or one multiplexed stream).
 What the gateway adds is estimated from paired runs in one invocation against the same fake workers:
 direct, gateway, direct, gateway, ... (--repeat pairs, so slow drift of the shared machine's load hits
 both sides alike); `added_per_token_ms` holds the difference of the pooled gateway and pooled direct
