@@ -89,6 +89,63 @@ def main() -> None:
         print("finish:", err)
     sender.close()
     peer.close()
+    ttft_marks()
+
+
+def ttft_marks(n_tok: int = 2048, reps: int = 4) -> None:
+    """Where the TTFT a layer-wise transfer adds goes: host times (ms from t0) of start(), layer
+    0 enqueued, push 0 back (attach answered), last push back, execute() back, GPU done, finish()
+    back; the forward alone beside it."""
+    import json
+
+    from pdserve.core.sampling import SamplingParams
+    from pdserve.core.step_io import SeqSlice, StepInput
+    from pdserve.model.spec import ModelSpec
+    from pdserve.runtime.runner import ModelRunner
+
+    spec = ModelSpec.from_config_dict(json.loads((Path(__file__).parent / "configs/llama-3.1-8b.json").read_text()))
+    n = n_tok // 16
+    runner = ModelRunner(spec, None, device=torch.device("cuda"), dtype=torch.bfloat16, num_blocks=n + 1,
+                         block_size=16, load_format="dummy", max_model_len=n_tok + 16, max_num_seqs=4)
+    layout = runner.layout
+    peer = Peer("cuda_ipc", layout, n + 1, "cuda")
+    sender = make_sender("cuda_ipc", layout)
+    ids = tuple(torch.randint(0, spec.vocab_size, (n_tok,)).tolist())
+    step = StepInput((SeqSlice("p", ids, 0, tuple(range(n)), SamplingParams(temperature=0.0)),))
+    blocks = list(range(n))
+    for rep in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        runner.execute(step)
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        alone = {"execute": t1 - t0, "gpu_done": time.perf_counter() - t0}
+        rid = f"ttft{rep}"
+        peer.ask(f"expect {rid} {n}")
+        marks: dict[str, float] = {}
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        handle = sender.start(KvTargetSpec(rid, tuple(blocks), peer.address, layout.compat_hash(), ""), runner.kv_pool)
+        marks["start"] = time.perf_counter() - t0
+
+        def hook(layer: int) -> None:
+            if layer == 0:
+                marks["layer0_enqueued"] = time.perf_counter() - t0
+            handle.push(layer, blocks, 0)
+            if layer in (0, layout.num_layers - 1):
+                marks[f"push{layer}_back"] = time.perf_counter() - t0
+
+        runner.execute(step, layer_hook=hook)
+        marks["execute"] = time.perf_counter() - t0
+        torch.cuda.synchronize()
+        marks["gpu_done"] = time.perf_counter() - t0
+        handle.finish(timeout=60)
+        marks["finish"] = time.perf_counter() - t0
+        peer.ask(f"forget {rid}")
+        print(f"ttft {n_tok} rep {rep}: alone " + " ".join(f"{k} {v * 1e3:.2f}" for k, v in alone.items())
+              + " | with transfer " + " ".join(f"{k} {v * 1e3:.2f}" for k, v in marks.items()), flush=True)
+    sender.close()
+    peer.close()
 
 
 if __name__ == "__main__":

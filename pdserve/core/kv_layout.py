@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import asdict, dataclass
@@ -26,6 +27,10 @@ class KvLayout:
     order: str = "LKNSHD"
 
     def compat_hash(self) -> str:
+        return self._compat_hash
+
+    @functools.cached_property
+    def _compat_hash(self) -> str:  # every transfer compares it: computed once per layout
         body = json.dumps(asdict(self), sort_keys=True).encode()
         return hashlib.sha256(body).hexdigest()[:16]
 

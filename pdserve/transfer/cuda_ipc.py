@@ -140,7 +140,8 @@ class CudaIpcKvSender(TcpKvSender):
         if target.layout_hash != self.layout.compat_hash():
             raise LayoutMismatch(f"target names layout hash {target.layout_hash}, mine is "
                                  f"{self.layout.compat_hash()} [{self.layout.describe()}]")
-        if any(not 0 <= b < remote.shape[2] for b in target.block_ids):
+        ids = target.block_ids
+        if ids and not (min(ids) >= 0 and max(ids) < remote.shape[2]):
             raise ValueError(f"target blocks outside the decode pool of {remote.shape[2]} blocks")
         copier = self._copier(kv_pool.device)
         copier.prepare(kv_pool, remote)
