@@ -3,7 +3,10 @@
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit
 OUT="${OUT:-.}"
 if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit
+    if [ ! -f /tmp/site/.pdserve-wheels ]; then  # once per machine: the scripts of a call share it
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+            .whl/*.whl && touch /tmp/site/.pdserve-wheels || exit
+    fi
     export PYTHONPATH=/tmp/site:$PWD
 else
     export PYTHONPATH=$PWD

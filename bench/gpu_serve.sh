@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
+source "$(dirname "$0")/gpu_env.sh"
 # One device call: bench/serve_matrix.py (disaggregated, colocated, transformers x request rates), JSON + PNG
 # + logs to $OUT. Usage: bash bench/gpu_serve.sh <commit> [extra serve_matrix.py flags]
 set -uo pipefail
