@@ -492,7 +492,7 @@ def main(argv: list[str] | None = None) -> Path:
             "colocated": f"{a.num_gpus} colocated worker(s), one per GPU, 0.85",
             "transformers": "one HF model on GPU 0",
         },
-        "kv_transfer": "tcp", "client": "pdserve bench engine (pdserve.bench.runner.run), --backend grpc, in-process",
+        "client": "pdserve bench engine (pdserve.bench.runner.run), --backend grpc, in-process",
         "transformers_method": TRANSFORMERS_METHOD.replace("MAX_BATCH", str(a.max_batch)),
         "runs": [],
     }

@@ -279,9 +279,10 @@ class CudaCopier:
 
 class _IpcSendHandle(ChunkSendHandle):
     """Attached writer: copies through a Copier; no data on the wire. Both calls (Attach, and
-    the Push that carries the metadata) are opened on a thread of their own, so start() returns
-    at once and the round trips overlap the first layers; the first copy waits for the
-    receiver's yes. Each push's metadata is folded into a summary (one KvChunk per run of
+    the Push that carries the metadata) are opened by the first push (or finish), so start()
+    returns at once and the set-up runs while the GPU computes the first layer (a thread opening
+    them during start() held the GIL while the engine thread prepared the forward); the first
+    copy waits for the receiver's yes. Each push's metadata is folded into a summary (one KvChunk per run of
     layers over the same blocks, `num_layers`), sent with the final chunk by finish() after the
     copier is synchronised; the receiver checks and counts the bytes then. A failed or aborted
     handle queues no further copy, synchronises the copier and then releases the reservation
@@ -307,7 +308,7 @@ class _IpcSendHandle(ChunkSendHandle):
         self._block_bytes = block_bytes(layout)
         self._summary: list[kv_pb2.KvChunk] = []
         self._blocks: tuple[Sequence[int], int, Sequence[int]] | None = None  # last checked (src, offset, dst)
-        threading.Thread(target=self._open, name="kv-ipc-open", daemon=True).start()
+        self._opening = False  # _open() ran or will never run (guarded by _lock)
 
     def _open(self) -> None:
         """Open Attach and Push (each call set-up costs the calling thread a millisecond or so)."""
@@ -343,6 +344,13 @@ class _IpcSendHandle(ChunkSendHandle):
             self._call.cancel()
 
     def _wait_open(self) -> None:
+        """Open both calls on first use (the first push, right after the forward queued layer 0,
+        so the set-up overlaps that layer; or finish), then check they are open."""
+        with self._lock:
+            first = not self._opening and not self._state.final
+            self._opening = True
+        if first:
+            self._open()
         if not self._link_ready.wait(self._attach_timeout) or self._link is None or self._call is None:
             raise self._error or TransferError(f"KV attach not started within {self._attach_timeout}s",
                                                retryable=True, code="DEADLINE_EXCEEDED")
@@ -443,6 +451,11 @@ class _IpcSendHandle(ChunkSendHandle):
         threading.Thread(target=self._drain_and_release, name="kv-ipc-release", daemon=True).start()
 
     def _drain_and_release(self) -> None:
+        with self._lock:
+            opened, self._opening = self._opening, True  # from now on nothing opens
+        if not opened:  # no call, no writer, no copy: nothing to wait for
+            self._link_ready.set()
+            return
         self._link_ready.wait()
         with self._copy_lock:  # a copy being queued right now goes in before the sync
             self._copier.synchronize()

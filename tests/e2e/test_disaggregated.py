@@ -136,9 +136,10 @@ def test_subscribe_stream_errors_and_close_aborts(stack):
     first message says the stream is registered, tokens carry their request id, and a closed
     stream aborts its requests (no block leaks)."""
     from pdserve.proto import worker_pb2, worker_pb2_grpc
+    from pdserve.serving import sampling_to_wire
     from pdtest.stack import assert_no_leaks
 
-    sampling = worker_pb2.WorkerSampling(temperature=0.0, max_tokens=200, ignore_eos=True)
+    sampling = sampling_to_wire(SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True))
     with grpc.insecure_channel(stack.procs["decode"].address) as ch:
         stub = worker_pb2_grpc.DecodeWorkerStub(ch)
         with pytest.raises(grpc.RpcError) as err:

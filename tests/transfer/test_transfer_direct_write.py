@@ -181,18 +181,20 @@ def test_transfer_without_pushes_waits_for_the_attach(rig: Rig) -> None:
     assert info.value.code == "NOT_FOUND"
 
 
-def test_abort_while_the_calls_are_opening_releases_the_writer(rig: Rig) -> None:
-    """start() returns before Attach and Push are open; an abort then still ends both and
-    the receiver's reservation has no writer left (it can be forgotten and freed at once)."""
+def test_abort_before_the_first_push_opens_nothing_and_frees_at_once(rig: Rig) -> None:
+    """start() opens no call (the first push does); an abort before it leaves the receiver's
+    reservation without a writer (it can be forgotten and freed at once), and finish raises."""
     rig.receiver.expect("r1", DST)
     handle = rig.handle()
     handle.abort()
     with pytest.raises(TransferError) as info:
         handle.finish(timeout=5)
     assert info.value.code == "CANCELLED"
-    wait_until(lambda: not rig.receiver.writer_attached("r1"))
+    assert not rig.receiver.writer_attached("r1")
     assert rig.receiver.forget("r1", on_released=rig.reuse_blocks) is True
     assert rig.copier.queued == 0
+    handle.push(0, SRC, 0)  # a no-op once aborted: still no call, no copy
+    assert rig.copier.queued == 0 and handle._call is None
 
 
 def test_lost_writer_is_released_after_the_grace(rig: Rig) -> None:
