@@ -70,7 +70,8 @@ class PoolCopy:
     counts N may differ), checked once. Ids are not bounds-checked here (the transfer checks
     them against both pools first)."""
 
-    def __init__(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+    def __init__(self, src: torch.Tensor, dst: torch.Tensor, words_per_program: int = _WORDS,
+                 num_warps: int = 4) -> None:
         assert src.dim() >= 4 and dst.dim() >= 4, (
             f"pools must be [layers, planes, blocks, ...], got {tuple(src.shape)} and {tuple(dst.shape)}")
         assert src.dtype == dst.dtype, f"src dtype {src.dtype} != dst dtype {dst.dtype}"
@@ -83,8 +84,11 @@ class PoolCopy:
         self._src = _words("src", src.flatten(0, 1))  # [L*P, N, W]: a view (checked above)
         self._dst = _words("dst", dst.flatten(0, 1))
         words = self._src.shape[2]
-        self._block = min(_WORDS, triton.next_power_of_2(words))
-        self._chunks = triton.cdiv(words, _WORDS)
+        assert words_per_program > 0 and words_per_program & (words_per_program - 1) == 0, (
+            f"words_per_program must be a power of 2, got {words_per_program}")
+        self._block = min(words_per_program, triton.next_power_of_2(words))
+        self._chunks = triton.cdiv(words, self._block)
+        self._warps = num_warps
         self._args = (self._src.stride(0), self._src.stride(1), self._dst.stride(0), self._dst.stride(1), words)
 
     def warm_up(self) -> None:
@@ -98,7 +102,7 @@ class PoolCopy:
         dst = scratch[1].as_strided((1, 1, words), self._args[2:4] + (1,))
         ids = torch.zeros(_ID_ROW, dtype=torch.int32, device=self.device)
         _copy_blocks_kernel[(1, 1, self._chunks)](src, dst, ids, ids, 0, *self._args,
-                                                   BLOCK=self._block, num_warps=4)
+                                                   BLOCK=self._block, num_warps=self._warps)
 
     def __call__(self, src_ids: torch.Tensor, dst_ids: torch.Tensor, layer: int | None = None) -> None:
         """dst[layer, :, dst_ids[i]] = src[layer, :, src_ids[i]]; every layer when layer is None.
@@ -116,7 +120,7 @@ class PoolCopy:
         if n == 0:
             return
         _copy_blocks_kernel[(n, planes, self._chunks)](
-            self._src, self._dst, src_ids, dst_ids, plane0, *self._args, BLOCK=self._block, num_warps=4)
+            self._src, self._dst, src_ids, dst_ids, plane0, *self._args, BLOCK=self._block, num_warps=self._warps)
 
 
 def copy_blocks(src: torch.Tensor, dst: torch.Tensor, src_ids: torch.Tensor, dst_ids: torch.Tensor) -> None:

@@ -106,3 +106,17 @@ def test_pool_copy_unaligned_id_rows_and_bad_inputs() -> None:
         PoolCopy(src.flatten(0, 3), dst.flatten(0, 3))
     with pytest.raises(AssertionError, match="layers of a pool must be packed"):
         PoolCopy(src.transpose(0, 1), dst.transpose(0, 1))
+    with pytest.raises(AssertionError, match="power of 2"):
+        PoolCopy(src, dst, words_per_program=24)
+
+
+def test_pool_copy_small_tiles_split_a_block_into_chunks() -> None:
+    """A tile smaller than a block (64 words here): each block is copied in 4 programs."""
+    src, dst = _pools(2, torch.bfloat16, 16)
+    want = dst.clone()
+    ids_s = torch.tensor([6, 2], dtype=torch.int32, device=DEVICE)
+    ids_d = torch.tensor([0, 9], dtype=torch.int32, device=DEVICE)
+    for layer in range(2):
+        reference.copy_blocks(src[layer], want[layer], ids_s, ids_d)
+    PoolCopy(src, dst, words_per_program=16, num_warps=1)(ids_s, ids_d)
+    assert torch.equal(dst.view(torch.uint8), want.view(torch.uint8))

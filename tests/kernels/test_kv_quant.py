@@ -36,7 +36,7 @@ def test_write_kv_quantizes_like_reference(qdtype: torch.dtype) -> None:
     k = torch.randn(t, HK, d, device=DEVICE) * 3
     v = torch.randn(t, HK, d, device=DEVICE)
     slots = torch.randperm(NBLOCKS * BLOCK, device=DEVICE)[:t]
-    pools = [torch.zeros(1, 2, NBLOCKS, BLOCK, HK, d + SCALE_BYTES, dtype=qdtype) for _ in range(2)]
+    pools = [torch.zeros(1, 2, NBLOCKS, BLOCK, HK, d + SCALE_BYTES, dtype=qdtype, device=DEVICE) for _ in range(2)]
     a, b = layer_views(pools[0], 0, d), layer_views(pools[1], 0, d)
     write_kv(k, v, a.k, a.v, slots, a.k_scale, a.v_scale)
     reference.write_kv(k, v, b.k, b.v, slots, b.k_scale, b.v_scale)
