@@ -96,7 +96,8 @@ class _FakeSub:
 
     def __init__(self, slots: int, vocab: int) -> None:
         self.slots, self.vocab = slots, vocab
-        self.queue: asyncio.Queue[tuple[worker_pb2.StepTokens, list[str], float]] = asyncio.Queue()
+        # (message, its request ids, those it ends, step time)
+        self.queue: asyncio.Queue[tuple[worker_pb2.StepTokens, list[str], list[str], float]] = asyncio.Queue()
         self.slot: dict[str, int] = {}
         self.left: dict[str, int] = {}
         self.emitted: dict[str, list[float]] = {}
@@ -105,15 +106,19 @@ class _FakeSub:
         self.slot[rid], self.left[rid], self.emitted[rid] = slot, count, []
 
     def tick(self, k: int, now: float) -> None:
-        msg, rids = worker_pb2.StepTokens(), []
-        for rid, slot in self.slot.items():
-            if slot == k % self.slots and self.left[rid] > 0:
+        msg, rids, ended = worker_pb2.StepTokens(), [], []
+        for rid, slot in list(self.slot.items()):
+            if slot == k % self.slots:
                 self.left[rid] -= 1
-                finish = LENGTH if self.left[rid] == 0 else worker_pb2.WORKER_FINISH_NONE
-                msg.batches.add(request_id=rid, token_ids=[k % self.vocab], finish=finish)
                 rids.append(rid)
+                finish = worker_pb2.WORKER_FINISH_NONE
+                if self.left[rid] == 0:  # its last token: it leaves now (later ticks skip it)
+                    finish = LENGTH
+                    ended.append(rid)
+                    del self.slot[rid], self.left[rid]
+                msg.batches.add(request_id=rid, token_ids=[k % self.vocab], finish=finish)
         if rids:
-            self.queue.put_nowait((msg, rids, now))
+            self.queue.put_nowait((msg, rids, ended, now))
 
     def remove(self, rid: str) -> bool:
         """An aborted request leaves (True if it was here)."""
@@ -121,20 +126,13 @@ class _FakeSub:
         self.slot.pop(rid, None)
         return self.left.pop(rid, None) is not None
 
-    def done(self, rids: list[str]) -> list[str]:
-        """Of rids (just sent), those that got their last token; they leave."""
-        out = [rid for rid in rids if self.left.get(rid) == 0]
-        for rid in out:
-            del self.slot[rid], self.left[rid]
-        return out
-
 
 class FakeDecode(worker_pb2_grpc.DecodeWorkerServicer):
     """Streams max_tokens - 1 tokens (the prefill worker sent the first), one per clock tick."""
 
     def __init__(self, clock: Clock, vocab: int, block_size: int = 16, emit_log: TextIO | None = None) -> None:
         self.clock, self.vocab, self.block_size = clock, vocab, block_size
-        self.running = 0
+        self.running = 0  # per-request Decode/Generate streams (subscriptions count their own)
         self.emit_log = emit_log
         self.subs: dict[str, _FakeSub] = {}
 
@@ -179,16 +177,15 @@ class FakeDecode(worker_pb2_grpc.DecodeWorkerServicer):
         try:
             yield worker_pb2.StepTokens()
             while True:
-                msg, rids, stepped = await sub.queue.get()
-                for rid in rids:
-                    sub.emitted[rid].append(stepped)
+                msg, rids, ended, stepped = await sub.queue.get()
+                for rid in rids:  # a request aborted since its tick has no entry any more
+                    sub.emitted.get(rid, []).append(stepped)
                 yield msg
-                for rid in sub.done(rids):
-                    self._log(rid, sub.emitted.pop(rid))
+                for rid in ended:
+                    self._log(rid, sub.emitted.pop(rid, []))
         finally:
             self.clock.listeners.remove(sub.tick)
             self.subs.pop(sid, None)
-            self.running -= len(sub.left)
 
     async def StartDecode(self, request, context) -> worker_pb2.Started:
         return await self._start(request.subscriber_id, request.request_id, request.sampling.max_tokens - 1, context)
@@ -201,23 +198,20 @@ class FakeDecode(worker_pb2_grpc.DecodeWorkerServicer):
         if sub is None:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"subscriber_id: {sid!r} is not subscribed")
         sub.add(rid, self.clock.next_slot(), count)
-        self.running += 1
         return worker_pb2.Started()
 
     def _log(self, rid: str, emitted: list[float]) -> None:
-        self.running -= 1
         if self.emit_log is not None and emitted:
             self.emit_log.write(rid + " " + " ".join(f"{t:.6f}" for t in emitted) + "\n")
 
     async def Abort(self, request, context) -> worker_pb2.AbortResponse:
         for sub in self.subs.values():
             if sub.remove(request.request_id):
-                self.running -= 1
                 return worker_pb2.AbortResponse(found=True)
         return worker_pb2.AbortResponse(found=False)
 
     async def GetStats(self, request, context) -> worker_pb2.WorkerStats:
-        return _stats("decode", 1 << 16, self.running)
+        return _stats("decode", 1 << 16, self.running + sum(len(sub.left) for sub in self.subs.values()))
 
 
 async def amain(args: argparse.Namespace) -> None:

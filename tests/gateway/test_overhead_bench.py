@@ -73,3 +73,30 @@ def test_added_is_pooled_gateway_minus_pooled_direct() -> None:
     assert out["gateway_cpu_us_per_token"] == [200.0, 180.0]
     assert out["direct_pooled_ms"]["count"] == 8 and out["pooled"]["p99"] > 0
     assert "steady_delays_s" not in str(_without_samples({"repeats": pairs}))
+
+
+def test_fake_subscription_survives_ticks_queued_faster_than_it_sends() -> None:
+    """Several ticks queued before the Subscribe stream sends (fast clock, busy loop): each message
+    ends exactly the requests whose last token it carries, and an abort between a tick and its
+    send does not break the stream (both once broke every request of the stream with KeyError)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from fake_workers import _FakeSub
+
+    from pdserve.proto import worker_pb2
+
+    async def main() -> None:
+        sub = _FakeSub(slots=1, vocab=100)
+        sub.add("a", 0, 2)
+        sub.add("b", 0, 3)
+        for k in range(4):
+            sub.tick(k, float(k))
+        items = [sub.queue.get_nowait() for _ in range(sub.queue.qsize())]
+        assert [(rids, ended) for _, rids, ended, _ in items] == [(["a", "b"], []), (["a", "b"], ["a"]), (["b"], ["b"])]
+        last = {b.request_id: b.finish for b in items[1][0].batches}
+        assert last == {"a": worker_pb2.WORKER_FINISH_LENGTH, "b": worker_pb2.WORKER_FINISH_NONE}
+        assert not sub.left and not sub.slot
+        sub.add("c", 0, 5)
+        sub.tick(9, 9.0)
+        assert sub.remove("c") and not sub.remove("c")  # aborted after its tick was queued
+
+    asyncio.run(main())
