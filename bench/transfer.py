@@ -172,23 +172,23 @@ def one_transfer(sender, peer: Peer, pool: torch.Tensor, layout: KvLayout, n_blo
     handle = sender.start(target, pool)
     copy_gbps = None
     drain = getattr(handle, "drain", None)
-    if hook_into is not None:
-        hook_into(lambda layer: handle.push(layer, blocks, 0))
-    elif drain is None:
+
+    def push_every_layer() -> None:
         if all_layers:
             handle.push_all_layers(blocks, 0)
         else:
             for layer in range(layout.num_layers):
                 handle.push(layer, blocks, 0)
+
+    if hook_into is not None:
+        hook_into(lambda layer: handle.push(layer, blocks, 0))
+    elif drain is None:
+        push_every_layer()
     else:
         handle.push(0, blocks, 0)  # waits for the attach answer; layer 0 is sent again below
         drain()
         t1 = time.perf_counter()
-        if all_layers:
-            handle.push_all_layers(blocks, 0)
-        else:
-            for layer in range(layout.num_layers):
-                handle.push(layer, blocks, 0)
+        push_every_layer()
         drain()
         copy_gbps = layout.num_layers * n_blocks * block_bytes(layout) / (time.perf_counter() - t1) / 1e9
     stats = handle.finish(timeout=600)

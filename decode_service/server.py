@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 
 import grpc
+from opentelemetry import trace
 
 from decode_service.engine import DecodeEngine, ReservationError
 from decode_service.spans import DecodeSpans
-from decode_service.subscriptions import FINISH_TO_WIRE, Subscription
+from decode_service.subscriptions import Subscription, add_event
 from pdserve.core.block_manager import NoFreeBlocks
 from pdserve.core.kv_layout import KvLayout
 from pdserve.proto import worker_pb2, worker_pb2_grpc
+from pdserve.runtime.loop import Sink
 from pdserve.serving import sampling_from_wire
 from pdserve.streams import EventStream
 from pdserve.transfer.base import layout_to_proto
@@ -101,34 +104,33 @@ class DecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
     async def StartDecode(self, request: worker_pb2.DecodeRequest, context: grpc.aio.ServicerContext
                           ) -> worker_pb2.Started:
         """Decode with the tokens on the Subscribe stream `subscriber_id`."""
-        sub = await self._subscription(request.subscriber_id, context)
-        sub.add(request.request_id)
-        try:
-            await self._start_decode(request, context, sub.stream.sink)
-        except BaseException:
-            sub.discard(request.request_id)
-            raise
-        sub.add(request.request_id, self.spans.started(request.request_id, context))
+        await self._start_on(request.subscriber_id, request.request_id, context,
+                             lambda sink: self._start_decode(request, context, sink),
+                             lambda: self.spans.started(request.request_id, context))
         return worker_pb2.Started()
 
     async def StartGenerate(self, request: worker_pb2.GenerateWork, context: grpc.aio.ServicerContext
                             ) -> worker_pb2.Started:
         """Generate (colocated) with the tokens on the Subscribe stream `subscriber_id`."""
-        sub = await self._subscription(request.subscriber_id, context)
-        sub.add(request.request_id)
-        try:
-            await self._start_generate(request, context, sub.stream.sink)
-        except BaseException:
-            sub.discard(request.request_id)
-            raise
+        await self._start_on(request.subscriber_id, request.request_id, context,
+                             lambda sink: self._start_generate(request, context, sink), lambda: trace.INVALID_SPAN)
         return worker_pb2.Started()
 
-    async def _subscription(self, sid: str, context: grpc.aio.ServicerContext) -> Subscription:
+    async def _start_on(self, sid: str, rid: str, context: grpc.aio.ServicerContext,
+                        start: Callable[[Sink], Awaitable[None]], span: Callable[[], trace.Span]) -> None:
+        """start(sink) the request with its events going to subscription sid; the request is on
+        the subscription before it starts (a stream that closes meanwhile aborts it)."""
         sub = self.subscriptions.get(sid)
         if sub is None:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 f"subscriber_id: {sid!r} has no open Subscribe stream here")
-        return sub
+        sub.add(rid)
+        try:
+            await start(sub.stream.sink)
+        except BaseException:
+            sub.discard(rid)
+            raise
+        sub.add(rid, span())
 
     async def _start_decode(self, request: worker_pb2.DecodeRequest, context: grpc.aio.ServicerContext,
                             sink) -> None:
@@ -163,11 +165,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
             while not finished:
                 batch = worker_pb2.TokenBatch()
                 for ev in await stream.next_batch():
-                    if ev.token >= 0:
-                        batch.token_ids.append(ev.token)
-                    if ev.finish is not None:
-                        batch.finish = FINISH_TO_WIRE[ev.finish]
-                        finished = True
+                    finished = add_event(batch, ev) or finished
                 yield batch
         finally:
             if not finished:  # the caller went away (cancel, deadline): free the blocks now

@@ -16,6 +16,16 @@ FINISH_TO_WIRE = {
 }
 
 
+def add_event(batch: worker_pb2.TokenBatch, ev: TokenEvent) -> bool:
+    """Append an engine event to its request's batch; True when it ends the request."""
+    if ev.token >= 0:
+        batch.token_ids.append(ev.token)
+    if ev.finish is None:
+        return False
+    batch.finish = FINISH_TO_WIRE[ev.finish]
+    return True
+
+
 class Subscription:
     """The requests started on one Subscribe stream, their events and their open spans."""
 
@@ -40,10 +50,7 @@ class Subscription:
             if batch is None:
                 batch = batches[rid] = msg.batches.add()
                 batch.request_id = rid
-            if ev.token >= 0:
-                batch.token_ids.append(ev.token)
-            if ev.finish is not None:
-                batch.finish = FINISH_TO_WIRE[ev.finish]
+            add_event(batch, ev)
         for rid, batch in batches.items():
             entry = self.live.get(rid)
             if entry is None:

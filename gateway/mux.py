@@ -64,7 +64,6 @@ class _Session:
         for q in self.queues.values():
             q.put_nowait(err)
 
-
     def _orphan(self, request_id: str) -> None:
         """Tokens of a request nobody here waits for (its start raced a cancel): abort it there."""
         if request_id in self.orphans:

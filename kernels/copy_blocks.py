@@ -6,9 +6,9 @@ same block shape). A block is contiguous in every pool layout pdserve uses ([..,
 with row = D values, or D + 4 bytes when quantized), so each program copies a run of 32-bit
 words with wide loads; no temporary.
 
-`copy_blocks` checks and copies one layer's planes [P, N, ...]. `PoolCopy` checks two whole
-pools [L, P, N, ...] once and then launches per call with no tensor work on the host: one
-layer's planes (`layer=l`, the layer-wise push) or every layer in one launch (`layer=None`).
+`PoolCopy` checks two whole pools [L, P, N, ...] once and then launches per call with no tensor
+work on the host: one layer's planes (`layer=l`, the layer-wise push) or every layer in one
+launch (`layer=None`). `copy_blocks` is the one-call form for one layer's planes [P, N, ...].
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import INDEX_DTYPES, check_device, check_dim, check_dtype
+from kernels._common import INDEX_DTYPES, check_device
 
 _WORDS = 2048  # 32-bit words per program (8 KiB)
 _ID_ROW = 4  # int32 ids per 16 bytes: callers keep id vectors 16-byte aligned (one kernel variant)
@@ -54,15 +54,6 @@ def _words(name: str, pool: torch.Tensor) -> torch.Tensor:
         f"{name}: blocks must be packed (stride {pool.stride(1)}, block of {elems} elements)")
     flat = pool.reshape(pool.shape[0], pool.shape[1], elems)  # a view: blocks are packed
     return flat.view(torch.int32)
-
-
-def _check_ids(src_ids: torch.Tensor, dst_ids: torch.Tensor) -> None:
-    check_dim("src_ids", src_ids, 1)
-    check_dim("dst_ids", dst_ids, 1)
-    check_dtype("src_ids", src_ids, INDEX_DTYPES)
-    check_dtype("dst_ids", dst_ids, INDEX_DTYPES)
-    assert src_ids.shape == dst_ids.shape, f"src_ids {tuple(src_ids.shape)} != dst_ids {tuple(dst_ids.shape)}"
-    assert src_ids.is_contiguous() and dst_ids.is_contiguous(), "block id vectors must be contiguous"
 
 
 class PoolCopy:
@@ -111,6 +102,7 @@ class PoolCopy:
             f"src_ids {tuple(src_ids.shape)} and dst_ids {tuple(dst_ids.shape)} must be equal 1-D")
         assert src_ids.dtype in INDEX_DTYPES and dst_ids.dtype in INDEX_DTYPES, "block ids must be int32/int64"
         assert src_ids.device == self.device and dst_ids.device == self.device, "block ids must be on the pools' device"
+        assert src_ids.is_contiguous() and dst_ids.is_contiguous(), "block id vectors must be contiguous"
         if layer is None:
             plane0, planes = 0, self.layers * self.planes
         else:
@@ -130,19 +122,6 @@ def copy_blocks(src: torch.Tensor, dst: torch.Tensor, src_ids: torch.Tensor, dst
     and dtype; src_ids, dst_ids: int32/int64 vectors of equal length on the pools' device.
     Ids are not bounds-checked here (the transfer checks them against both pools first).
     """
-    _check_ids(src_ids, dst_ids)
     assert src.dim() >= 3 and dst.dim() >= 3, (
         f"src and dst must be [planes, blocks, ...], got {tuple(src.shape)} and {tuple(dst.shape)}")
-    assert src.dtype == dst.dtype, f"src dtype {src.dtype} != dst dtype {dst.dtype}"
-    assert src.shape[0] == dst.shape[0] and src.shape[2:] == dst.shape[2:], (
-        f"src blocks {tuple(src.shape)} and dst blocks {tuple(dst.shape)} differ")
-    check_device(src=src, dst=dst, src_ids=src_ids, dst_ids=dst_ids)
-    if src_ids.shape[0] == 0:
-        return
-    s, d = _words("src", src), _words("dst", dst)
-    words = s.shape[2]
-    grid = (src_ids.shape[0], s.shape[0], triton.cdiv(words, _WORDS))
-    _copy_blocks_kernel[grid](
-        s, d, src_ids, dst_ids, 0, s.stride(0), s.stride(1), d.stride(0), d.stride(1), words,
-        BLOCK=min(_WORDS, triton.next_power_of_2(words)), num_warps=4,
-    )
+    PoolCopy(src[None], dst[None])(src_ids, dst_ids, 0)  # one layer of P planes

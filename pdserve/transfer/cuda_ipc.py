@@ -24,9 +24,8 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import grpc
@@ -41,7 +40,7 @@ from pdserve.transfer.base import (
     layout_to_proto, mismatch_message,
 )
 from pdserve.transfer._handle import ChunkSendHandle
-from pdserve.transfer.tcp import TcpKvSender, _rpc_error
+from pdserve.transfer.tcp import PushCall, TcpKvSender, _rpc_error
 
 
 class CudaIpcUnavailable(RuntimeError):
@@ -282,9 +281,9 @@ class _IpcSendHandle(ChunkSendHandle):
     the Push that carries the metadata) are opened by the first push (or finish), so start()
     returns at once and the set-up runs while the GPU computes the first layer (a thread opening
     them during start() held the GIL while the engine thread prepared the forward); the first
-    copy waits for the receiver's yes. Each push's metadata is folded into a summary (one KvChunk per run of
-    layers over the same blocks, `num_layers`), sent with the final chunk by finish() after the
-    copier is synchronised; the receiver checks and counts the bytes then. A failed or aborted
+    copy waits for the receiver's yes. Each push's metadata is folded into a summary (one
+    KvChunk per run of layers over the same blocks, `num_layers`), sent with the final chunk by
+    finish() after the copier is synchronised; the receiver checks and counts the bytes then. A failed or aborted
     handle queues no further copy, synchronises the copier and then releases the reservation
     and ends its calls (on its own thread: the sync may wait for a forward)."""
 
@@ -301,8 +300,7 @@ class _IpcSendHandle(ChunkSendHandle):
         self._attach_timeout = attach_timeout
         super().__init__(target, kv_pool, layout, 1 << 30)
         self._stub, self._call_timeout = stub, call_timeout
-        self._queue: queue.Queue[kv_pb2.KvChunk | None] = queue.Queue()  # Push messages
-        self._call: grpc.Future | None = None
+        self._call: PushCall | None = None  # carries the summary and the last chunk
         self._remote = remote
         self._copier = copier
         self._block_bytes = block_bytes(layout)
@@ -317,31 +315,16 @@ class _IpcSendHandle(ChunkSendHandle):
                               call_timeout=self._call_timeout, on_lost=self._fail)
             link.begin()
             self._link = link
-            call = self._stub.Push.future(self._requests(), timeout=self._call_timeout)
-            call.add_done_callback(self._on_done)
+            call = PushCall(self._stub, self._call_timeout, _rpc_error, self._fail)
             with self._lock:
                 self._call = call
                 final = self._state.final
             if final:  # aborted or failed while the calls were being opened
-                self._end_push()
+                call.cancel()
         except Exception as err:  # noqa: BLE001 - a channel that cannot start a call
             self._fail(TransferError(f"KV attach could not start: {err}", retryable=True, code="UNAVAILABLE"))
         finally:
             self._link_ready.set()
-
-    def _requests(self) -> Iterator[kv_pb2.KvChunk]:
-        while (chunk := self._queue.get()) is not None:
-            yield chunk
-
-    def _on_done(self, future: grpc.Future) -> None:
-        self._queue.put(None)  # release gRPC's request thread if the call ended early
-        if not future.cancelled() and isinstance(future.exception(), grpc.RpcError):
-            self._fail(_rpc_error(future.exception()))
-
-    def _end_push(self) -> None:
-        self._queue.put(None)
-        if self._call is not None:
-            self._call.cancel()
 
     def _wait_open(self) -> None:
         """Open both calls on first use (the first push, right after the forward queued layer 0,
@@ -417,18 +400,9 @@ class _IpcSendHandle(ChunkSendHandle):
             self._link.wait_attached(self._attach_timeout)
             self._attached = True
         self._copier.synchronize()  # every write is done and visible before the last chunk
-        for chunk in (*self._summary, last, None):  # None: half-close
-            self._queue.put(chunk)
-        try:
-            ack = self._call.result(timeout=timeout)
-        except grpc.FutureTimeoutError:
-            self._call.cancel()
-            raise TransferError(f"KV transfer not acknowledged within {timeout}s",
-                                retryable=True, code="DEADLINE_EXCEEDED") from None
-        except grpc.FutureCancelledError:
-            raise TransferError("KV transfer was cancelled", retryable=False, code="CANCELLED") from None
-        except grpc.RpcError as err:
-            raise _rpc_error(err) from None
+        for chunk in self._summary:
+            self._call.send(chunk)
+        ack = self._call.finish(last, timeout)
         self._link.release()
         return ack
 
@@ -461,4 +435,5 @@ class _IpcSendHandle(ChunkSendHandle):
             self._copier.synchronize()
         if self._link is not None:
             self._link.release()
-        self._end_push()
+        if self._call is not None:
+            self._call.cancel()

@@ -115,28 +115,27 @@ class TcpKvSender(KvSender):
             self._peer_layouts.pop(address, None)
 
 
-class _TcpSendHandle(ChunkSendHandle):
-    """One Push stream; chunks go through a queue to gRPC's request-consuming thread."""
+class PushCall:
+    """One Push stream: chunks go through a queue to gRPC's request-consuming thread (send()
+    never waits on the network); finish() half-closes and waits for the PushAck. A call that
+    fails on its own is reported to `on_error`; errors map to TransferError with `map_error`."""
 
     def __init__(
         self,
-        target: KvTargetSpec,
-        kv_pool: torch.Tensor,
-        layout: KvLayout,
-        chunk_bytes: int,
         stub: kv_pb2_grpc.KvTransferStub,
         call_timeout: float,
-        on_mismatch: Callable[[], None],
+        map_error: Callable[[grpc.RpcError], TransferError],
+        on_error: Callable[[TransferError], None],
+        before_send: Callable[[kv_pb2.KvChunk], None] = lambda chunk: None,
     ) -> None:
-        super().__init__(target, kv_pool, layout, chunk_bytes)
         self._queue: queue.Queue[kv_pb2.KvChunk | None] = queue.Queue()
-        self._on_mismatch = on_mismatch
+        self._map_error, self._on_error, self._before_send = map_error, on_error, before_send
         self._future = stub.Push.future(self._requests(), timeout=call_timeout)
         self._future.add_done_callback(self._on_done)
 
     def _requests(self) -> Iterator[kv_pb2.KvChunk]:
         while (chunk := self._queue.get()) is not None:
-            self._debug.before_send(chunk)
+            self._before_send(chunk)
             yield chunk
 
     def _on_done(self, future: grpc.Future) -> None:
@@ -145,18 +144,13 @@ class _TcpSendHandle(ChunkSendHandle):
             return
         err = future.exception()
         if isinstance(err, grpc.RpcError):
-            self._fail(self._map(err))
+            self._on_error(self._map_error(err))
 
-    def _map(self, err: grpc.RpcError) -> TransferError:
-        mapped = _rpc_error(err)
-        if isinstance(mapped, LayoutMismatch):
-            self._on_mismatch()
-        return mapped
-
-    def _send(self, chunk: kv_pb2.KvChunk) -> None:
+    def send(self, chunk: kv_pb2.KvChunk) -> None:
         self._queue.put(chunk)
 
-    def _complete(self, last: kv_pb2.KvChunk, timeout: float) -> kv_pb2.PushAck:
+    def finish(self, last: kv_pb2.KvChunk, timeout: float) -> kv_pb2.PushAck:
+        """Send `last`, half-close, and return the ack; TransferError on failure or timeout."""
         self._queue.put(last)
         self._queue.put(None)  # half-close: the iterator ends
         try:
@@ -169,13 +163,46 @@ class _TcpSendHandle(ChunkSendHandle):
                 code="DEADLINE_EXCEEDED",
             ) from None
         except grpc.FutureCancelledError:
-            raise TransferError("KV transfer was cancelled", retryable=False, code="CANCELLED")
+            raise TransferError("KV transfer was cancelled", retryable=False, code="CANCELLED") from None
         except grpc.RpcError as err:
-            raise self._map(err) from None
+            raise self._map_error(err) from None
 
-    def _cancel(self) -> None:
+    def cancel(self) -> None:
         self._future.cancel()
         self._queue.put(None)
+
+
+class _TcpSendHandle(ChunkSendHandle):
+    """Chunks with the bytes inline, on one PushCall opened at start."""
+
+    def __init__(
+        self,
+        target: KvTargetSpec,
+        kv_pool: torch.Tensor,
+        layout: KvLayout,
+        chunk_bytes: int,
+        stub: kv_pb2_grpc.KvTransferStub,
+        call_timeout: float,
+        on_mismatch: Callable[[], None],
+    ) -> None:
+        super().__init__(target, kv_pool, layout, chunk_bytes)
+        self._on_mismatch = on_mismatch
+        self._call = PushCall(stub, call_timeout, self._map, self._fail, self._debug.before_send)
+
+    def _map(self, err: grpc.RpcError) -> TransferError:
+        mapped = _rpc_error(err)
+        if isinstance(mapped, LayoutMismatch):
+            self._on_mismatch()
+        return mapped
+
+    def _send(self, chunk: kv_pb2.KvChunk) -> None:
+        self._call.send(chunk)
+
+    def _complete(self, last: kv_pb2.KvChunk, timeout: float) -> kv_pb2.PushAck:
+        return self._call.finish(last, timeout)
+
+    def _cancel(self) -> None:
+        self._call.cancel()
 
 
 class TcpKvReceiver(ReceiverCore, kv_pb2_grpc.KvTransferServicer):

@@ -20,15 +20,21 @@ SRC_BLOCKS = [5, 0, 22, 9, 30]
 DST_BLOCKS = [17, 3, 29, 8, 11]
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_round_trip_scattered_blocks(connect, dtype: str) -> None:
-    layout = make_layout(dtype)
+def _started(connect, layout, **kw):
+    """A transfer of SRC_BLOCKS into DST_BLOCKS of a poisoned pool, started: (src, dst, what dst
+    must become, link, handle)."""
     src, dst = random_pool(layout, 32), poisoned_pool(layout, 32)
     expected = dst.clone()
     expected[:, :, DST_BLOCKS] = src[:, :, SRC_BLOCKS]
-    link = connect(dst, layout)
+    link = connect(dst, layout, **kw)
     link.receiver.expect("r1", DST_BLOCKS)
-    handle = link.sender.start(link.target("r1", DST_BLOCKS, layout), src)
+    return src, dst, expected, link, link.sender.start(link.target("r1", DST_BLOCKS, layout), src)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_round_trip_scattered_blocks(connect, dtype: str) -> None:
+    layout = make_layout(dtype)
+    src, dst, expected, link, handle = _started(connect, layout)
     assert handle.state == TransferState.PENDING
     for layer in range(layout.num_layers):
         handle.push(layer, SRC_BLOCKS[:2], 0)
@@ -47,12 +53,7 @@ def test_round_trip_scattered_blocks(connect, dtype: str) -> None:
 def test_push_all_layers_then_per_layer(connect) -> None:
     """Blocks already complete (a prefix cache) go with push_all_layers, the rest per layer."""
     layout = make_layout("bfloat16")
-    src, dst = random_pool(layout, 32), poisoned_pool(layout, 32)
-    expected = dst.clone()
-    expected[:, :, DST_BLOCKS] = src[:, :, SRC_BLOCKS]
-    link = connect(dst, layout)
-    link.receiver.expect("r1", DST_BLOCKS)
-    handle = link.sender.start(link.target("r1", DST_BLOCKS, layout), src)
+    src, dst, expected, link, handle = _started(connect, layout)
     handle.push_all_layers(SRC_BLOCKS[:3], 0)
     src[:, :, SRC_BLOCKS[:3]] = 0  # copied out already (or ordered before any reuse)
     for layer in range(layout.num_layers):
@@ -67,12 +68,7 @@ def test_push_all_layers_then_per_layer(connect) -> None:
 
 def test_chunking_splits_and_arrives_whole(connect) -> None:
     layout = make_layout("bfloat16")
-    src, dst = random_pool(layout, 32), poisoned_pool(layout, 32)
-    expected = dst.clone()
-    expected[:, :, DST_BLOCKS] = src[:, :, SRC_BLOCKS]
-    link = connect(dst, layout, chunk_bytes=layer_bytes(layout, 2) + 1)  # 2 blocks per chunk
-    link.receiver.expect("r1", DST_BLOCKS)
-    handle = link.sender.start(link.target("r1", DST_BLOCKS, layout), src)
+    src, dst, expected, link, handle = _started(connect, layout, chunk_bytes=layer_bytes(layout, 2) + 1)
     for layer in range(layout.num_layers):
         handle.push(layer, SRC_BLOCKS, 0)
     stats = handle.finish(timeout=10)
