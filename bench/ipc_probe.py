@@ -71,7 +71,7 @@ def main() -> None:
     handle = sender.start(KvTargetSpec(rid, tuple(blocks), peer.address, layout.compat_hash(), ""), pool)
     odd = blocks[:7]  # a new block set of an odd count: a fresh id upload
     copier = handle._copier
-    steps = (("attach answer", lambda: (handle._wait_open(), handle._link.wait_attached(10))),
+    steps = (("attach answer", lambda: (handle._begin(), handle._answered.wait(10))),
              ("new ids upload", lambda: copier._device_ids(odd, tuple(odd))),
              ("copy stream waits for engine", lambda: copier._stream.wait_stream(torch.cuda.current_stream())),
              ("first push of a new block set", lambda: handle.push(0, blocks[:9], 0)),
@@ -94,8 +94,8 @@ def main() -> None:
 
 def ttft_marks(n_tok: int = 2048, reps: int = 4) -> None:
     """Where the TTFT a layer-wise transfer adds goes: host times (ms from t0) of start(), layer
-    0 enqueued, push 0 back (attach answered), last push back, execute() back, GPU done, finish()
-    back; the forward alone beside it."""
+    0 enqueued, push 0 back, last push back (attach answered by then), execute() back, GPU done,
+    seal() back (the bytes visible: the first token's moment), the ack; the forward alone beside it."""
     import json
 
     from pdserve.core.sampling import SamplingParams
@@ -139,8 +139,10 @@ def ttft_marks(n_tok: int = 2048, reps: int = 4) -> None:
         marks["execute"] = time.perf_counter() - t0
         torch.cuda.synchronize()
         marks["gpu_done"] = time.perf_counter() - t0
+        handle.seal(timeout=60)
+        marks["seal"] = time.perf_counter() - t0
         handle.finish(timeout=60)
-        marks["finish"] = time.perf_counter() - t0
+        marks["ack"] = time.perf_counter() - t0
         peer.ask(f"forget {rid}")
         print(f"ttft {n_tok} rep {rep}: alone " + " ".join(f"{k} {v * 1e3:.2f}" for k, v in alone.items())
               + " | with transfer " + " ".join(f"{k} {v * 1e3:.2f}" for k, v in marks.items()), flush=True)

@@ -16,8 +16,10 @@ CUDA, memcpy on CPU). The headline cuda_ipc_GBps is the all-layers copy phase.
 
 TTFT: the model runner prefills one prompt with no transfer, then with the transfer hooked in
 per layer (the prefill worker's layer-wise overlap: layer l is pushed as soon as it is written,
-and the first token counts only once the receiver acknowledged every byte). Reported: both
-medians and the added fraction. On CUDA the model is Llama-3.1-8B (bench/configs, dummy
+and the first token counts once seal() returned, as in the prefill worker: every byte visible to
+the receiver; for tcp and nccl that is the receiver's ack, for cuda_ipc the copies landed and
+the ack follows off the first token's path). Reported: the medians, the added fraction, and the
+same up to the ack (`added_ratio_to_ack`). On CUDA the model is Llama-3.1-8B (bench/configs, dummy
 weights, bf16); on CPU it is SmolLM2-135M's shape in float32 at shorter prompts (an 8B prefill
 on CPU takes minutes). Backends: auto = tcp and nccl (gloo) on CPU; cuda_ipc, nccl and tcp on
 CUDA (nccl needs two GPUs: NCCL refuses two ranks on one device, recorded as an error).
@@ -158,10 +160,18 @@ def copy_bandwidth(device: torch.device, nbytes: int) -> float:
     return nbytes / statistics.median(times) / 1e9
 
 
+@dataclasses.dataclass(frozen=True)
+class Moved:
+    seconds: float  # from start to the receiver's ack
+    sealed: float  # from start to seal(): the bytes visible, what the prefill worker waits for
+    nbytes: int
+    copy_gbps: float | None  # the copy phase (direct writers), else None
+
+
 def one_transfer(sender, peer: Peer, pool: torch.Tensor, layout: KvLayout, n_blocks: int,
-                 rid: str, hook_into=None, all_layers: bool = True) -> tuple[float, int, float | None]:
-    """Move blocks 0..n-1 of every layer; returns (seconds from start to ack, bytes, copy-phase
-    GB/s or None). all_layers: one push_all_layers (one kernel on cuda_ipc), else a push per
+                 rid: str, hook_into=None, all_layers: bool = True) -> Moved:
+    """Move blocks 0..n-1 of every layer: seconds to seal() and to the ack, bytes, copy-phase
+    GB/s or None. all_layers: one push_all_layers (one kernel on cuda_ipc), else a push per
     layer. With `hook_into(hook)`, the caller runs the per-layer pushes from its forward. The
     copy phase (direct-write backends, which can `drain`): the pushes after the attach answer
     (a first push of one layer, drained) until they all landed."""
@@ -191,13 +201,15 @@ def one_transfer(sender, peer: Peer, pool: torch.Tensor, layout: KvLayout, n_blo
         push_every_layer()
         drain()
         copy_gbps = layout.num_layers * n_blocks * block_bytes(layout) / (time.perf_counter() - t1) / 1e9
-    stats = handle.finish(timeout=600)
+    handle.seal(timeout=600)
     sync(pool.device)
+    sealed = time.perf_counter() - t0
+    stats = handle.finish(timeout=600)
     seconds = time.perf_counter() - t0
     peer.ask(f"forget {rid}")
     nbytes = layout.num_layers * n_blocks * block_bytes(layout)  # the payload (layer 0 counted once)
     assert stats.bytes >= nbytes, (stats.bytes, nbytes)
-    return seconds, nbytes, copy_gbps
+    return Moved(seconds, sealed, nbytes, copy_gbps)
 
 
 def bench_backend(backend: str, layout: KvLayout, tokens: list[int], reps: int, device: torch.device,
@@ -216,17 +228,17 @@ def bench_backend(backend: str, layout: KvLayout, tokens: list[int], reps: int, 
             for mode, all_layers in (("", True), ("layerwise_", False)):
                 runs = [one_transfer(sender, peer, pool, layout, n, f"{mode}{n_tok}-{i}", all_layers=all_layers)
                         for i in range(reps + 1)]
-                seconds = statistics.median(r[0] for r in runs[1:])
-                gbps = runs[0][1] / seconds / 1e9
+                seconds = statistics.median(r.seconds for r in runs[1:])
+                gbps = runs[0].nbytes / seconds / 1e9
                 row |= {f"{mode}seconds": seconds, f"{mode}GBps": gbps, f"{mode}ratio_to_copy": gbps / copy_gbps}
                 line = ""
-                if runs[0][2] is not None:
-                    phase = statistics.median(r[2] for r in runs[1:])
+                if runs[0].copy_gbps is not None:
+                    phase = statistics.median(r.copy_gbps for r in runs[1:])
                     row |= {f"{mode}copy_phase_GBps": phase, f"{mode}copy_phase_ratio_to_copy": phase / copy_gbps}
                     line = f"  copy phase {phase:7.1f} GB/s ({phase / copy_gbps:.3f})"
-                row["bytes"] = runs[0][1]
+                row["bytes"] = runs[0].nbytes
                 print(f"{backend:8s} {n_tok:6d} tokens {'per layer' if mode else 'all layers'}"
-                      f"  {runs[0][1] / 2**20:8.1f} MiB  {seconds * 1e3:8.1f} ms"
+                      f"  {runs[0].nbytes / 2**20:8.1f} MiB  {seconds * 1e3:8.1f} ms"
                       f"  {gbps:7.2f} GB/s  ({gbps / copy_gbps:.3f} of copy){line}", flush=True)
             out[str(n_tok)] = row
         return out
@@ -264,27 +276,31 @@ def bench_ttft(backend: str, model: dict, tokens: list[int], reps: int, device: 
                 sync(device)
                 return time.perf_counter() - t0
 
-            def with_transfer(i: int) -> float:
+            def with_transfer(i: int) -> Moved:
                 return one_transfer(sender, peer, runner.kv_pool, layout, n, f"ttft-{n_tok}-{i}",
-                                    hook_into=lambda hook: runner.execute(step, layer_hook=hook))[0]
+                                    hook_into=lambda hook: runner.execute(step, layer_hook=hook))
 
             def after_prefill(i: int) -> float:  # no overlap: prefill, then every layer at once
                 t = alone()
-                return t + one_transfer(sender, peer, runner.kv_pool, layout, n, f"seq-{n_tok}-{i}")[0]
+                return t + one_transfer(sender, peer, runner.kv_pool, layout, n, f"seq-{n_tok}-{i}").sealed
 
-            base, xfer, serial = [], [], []
+            base, xfer, acked, serial = [], [], [], []
             for i in range(reps + 1):  # interleaved, the first of each is warmup
                 base.append(alone())
-                xfer.append(with_transfer(i))
+                moved = with_transfer(i)
+                xfer.append(moved.sealed)
+                acked.append(moved.seconds)
                 serial.append(after_prefill(i))
-            b, x, y = (statistics.median(v[1:]) for v in (base, xfer, serial))
+            b, x, a, y = (statistics.median(v[1:]) for v in (base, xfer, acked, serial))
             out[str(n_tok)] = {"ttft_ms_no_transfer": b * 1e3, "ttft_ms_with_transfer": x * 1e3,
                                "ttft_ms_transfer_after_prefill": y * 1e3,
+                               "ttft_ms_with_transfer_to_ack": a * 1e3,
                                "added_ratio": (x - b) / b, "added_ratio_no_overlap": (y - b) / b,
-                               "reps": reps}
+                               "added_ratio_to_ack": (a - b) / b, "reps": reps}
             print(f"{backend:8s} TTFT {n_tok:6d} tokens  {b * 1e3:8.1f} ms alone  {x * 1e3:8.1f} ms with"
                   f" layer-wise transfer (+{(x - b) / b * 100:.1f} %)  {y * 1e3:8.1f} ms transfer after"
-                  f" prefill (+{(y - b) / b * 100:.1f} %)", flush=True)
+                  f" prefill (+{(y - b) / b * 100:.1f} %)  to the ack {a * 1e3:8.1f} ms (+{(a - b) / b * 100:.1f} %)",
+                  flush=True)
         return out
     finally:
         sender.close()

@@ -91,6 +91,18 @@ class DecodeEngine:
             raise ValueError("first_token already ends the request; nothing to decode")
         self.loop.submit(seq, sink)
 
+    def kv_on_the_way(self, request_id: str) -> bool:
+        """True while the request is reserved and its transfer has not completed: a direct
+        writer (cuda_ipc) answers the prefill once its copies landed, and its last chunk may
+        reach this worker after the gateway's Decode."""
+        with self.loop.lock:
+            if request_id not in self._reserved:
+                return False
+            try:
+                return not self.receiver.is_complete(request_id)
+            except KeyError:
+                return False
+
     def generate(self, request_id: str, prompt: list[int], params: SamplingParams, sink: Sink) -> None:
         """Colocated mode: queue a whole request here; it is prefilled (in chunks mixed into
         the decode steps) and decoded by the same scheduler, with no KV transfer."""

@@ -138,12 +138,21 @@ class DecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
             params = sampling_from_wire(request.sampling)
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"sampling.{e}")
+        await self._kv_arrived(request.request_id)
         try:
             self.engine.start(request.request_id, list(request.prompt_token_ids), request.first_token, params, sink)
         except ReservationError as e:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+
+    async def _kv_arrived(self, rid: str) -> None:
+        """Wait while the transfer's last chunk is on the way (bounded by the reservation's
+        lease: an expired reservation ends the wait and start() reports it)."""
+        delay = 0.0002
+        while self.engine.kv_on_the_way(rid):
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 0.01)
 
     async def _start_generate(self, request: worker_pb2.GenerateWork, context: grpc.aio.ServicerContext,
                               sink) -> None:

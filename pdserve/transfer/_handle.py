@@ -34,6 +34,8 @@ class ChunkSendHandle(SendHandle):
         self._bytes = 0
         self._chunks = 0
         self._t0 = time.monotonic()
+        self._sealed = False  # seal() ran (the final chunk is on its way)
+        self._ack: kv_pb2.PushAck | None = None  # the default _seal waits for it
         self._debug = ChunkDebug.from_env()  # off unless the debug variable is set
 
     @property
@@ -82,18 +84,29 @@ class ChunkSendHandle(SendHandle):
         )
         return [(chunk, len(chunk.data)) for chunk in chunks]
 
-    def finish(self, timeout: float) -> TransferStats:
+    def seal(self, timeout: float) -> TransferStats:
         with self._lock:
             if self._state == TransferState.ABORTED:
                 raise TransferError("KV transfer was aborted", retryable=False, code="CANCELLED")
             if self._error is not None:
                 raise self._error
-            if self._state == TransferState.DONE:
-                raise RuntimeError("finish() called twice")
+            if self._sealed:
+                raise RuntimeError("seal() or finish() called twice")
+            self._sealed = True
         last = kv_pb2.KvChunk(request_id=self._target.request_id, layout_hash=self._hash, last=True)
         self._chunks += 1
         try:
-            ack = self._complete(last, timeout)
+            self._seal(last, timeout)
+        except TransferError as err:
+            self._fail(err)
+            raise self._error or err from None
+        return TransferStats(self._bytes, time.monotonic() - self._t0, self._chunks)
+
+    def finish(self, timeout: float) -> TransferStats:
+        if not self._sealed:
+            self.seal(timeout)
+        try:
+            ack = self._acknowledged(timeout)
             if ack.bytes != self._bytes:
                 raise TransferError(
                     f"receiver acknowledged {ack.bytes} bytes, {self._bytes} were sent",
@@ -105,6 +118,8 @@ class ChunkSendHandle(SendHandle):
         with self._lock:
             if self._state == TransferState.ABORTED:
                 raise TransferError("KV transfer was aborted", retryable=False, code="CANCELLED")
+            if self._error is not None:
+                raise self._error
             self._state = TransferState.DONE
         return TransferStats(self._bytes, time.monotonic() - self._t0, self._chunks)
 
@@ -130,6 +145,17 @@ class ChunkSendHandle(SendHandle):
     @abstractmethod
     def _complete(self, last: kv_pb2.KvChunk, timeout: float) -> kv_pb2.PushAck:
         """Send the final chunk and wait up to `timeout` for the ack; raise TransferError."""
+
+    def _seal(self, last: kv_pb2.KvChunk, timeout: float) -> None:
+        """Make every pushed byte visible to the receiver and send `last`. Here the bytes are
+        visible once the receiver wrote them, so this waits for the ack; a direct writer
+        (cuda_ipc) knows it sooner and overrides this with `_acknowledged`."""
+        self._ack = self._complete(last, timeout)
+
+    def _acknowledged(self, timeout: float) -> kv_pb2.PushAck:
+        """The receiver's ack of the sealed transfer (waiting up to `timeout`)."""
+        assert self._ack is not None
+        return self._ack
 
     @abstractmethod
     def _cancel(self) -> None:

@@ -157,8 +157,18 @@ class SendHandle(ABC):
         one kernel); the same rules as push() apply."""
 
     @abstractmethod
+    def seal(self, timeout: float) -> TransferStats:
+        """Mark the transfer complete and return once every pushed byte is written and visible
+        to the receiver and the final message is on its way: what the prefill worker waits for
+        before it answers with the first token. Backends whose receiver writes the bytes (tcp,
+        nccl, loopback) know this only from the receiver's ack, so this is finish(); a direct
+        writer (cuda_ipc) knows it when its copies have landed, one round trip sooner. The
+        stats count what was sent. Raises like finish(); at most once, and not after finish().
+        """
+
+    @abstractmethod
     def finish(self, timeout: float) -> TransferStats:
-        """Mark the transfer complete and block until the receiver acknowledged that every
+        """seal() if not yet done, then block until the receiver acknowledged that every
         pushed byte is written and visible. Raises TransferError on failure, on abort, or when
         `timeout` seconds pass (then the transfer is cancelled, retryable=True)."""
 

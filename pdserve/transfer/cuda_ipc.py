@@ -43,6 +43,15 @@ from pdserve.transfer._handle import ChunkSendHandle
 from pdserve.transfer.tcp import PushCall, TcpKvSender, _rpc_error
 
 
+def _written(pool: torch.Tensor) -> torch.cuda.Event | None:
+    """An event after the work queued so far on the engine's stream (None off CUDA: tests)."""
+    if not pool.is_cuda:
+        return None
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(pool.device))
+    return event
+
+
 class CudaIpcUnavailable(RuntimeError):
     """CUDA IPC cannot work between these two workers; the message says why."""
 
@@ -179,10 +188,12 @@ class CudaIpcKvSender(TcpKvSender):
 
 class Copier(Protocol):
     """Queues copies from the local pool into the peer's pool; synchronize() returns once
-    every queued copy has landed. `layer` None copies every layer at once."""
+    every queued copy has landed. `layer` None copies every layer at once. A copy runs after
+    the work queued so far on the calling thread's current stream, or, from another thread,
+    after the `after` event (recorded on the engine's stream when the layer was written)."""
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor, layer: int | None, src_ids: Sequence[int],
-             dst_ids: Sequence[int]) -> None: ...
+             dst_ids: Sequence[int], after: Any = None) -> None: ...
 
     def synchronize(self) -> None: ...
 
@@ -214,10 +225,13 @@ class CudaCopier:
         self._lock = threading.Lock()  # handles of several requests push from the engine thread
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor, layer: int | None, src_ids: Sequence[int],
-             dst_ids: Sequence[int]) -> None:
+             dst_ids: Sequence[int], after: torch.cuda.Event | None = None) -> None:
         ids = self._device_ids(src_ids, dst_ids)
         current = torch.cuda.current_stream(self._device)
-        self._stream.wait_stream(current)
+        if after is None:
+            self._stream.wait_stream(current)
+        else:  # queued late, from the attach thread: after the engine wrote the layer
+            self._stream.wait_event(after)
         n = len(src_ids)
         with torch.cuda.stream(self._stream):
             if dst.device == src.device:
@@ -226,7 +240,7 @@ class CudaCopier:
                 layers = slice(None) if layer is None else slice(layer, layer + 1)
                 raw = src[layers].index_select(2, ids[0, :n].long())
                 dst[layers].index_copy_(2, ids[1, :n].to(dst.device).long(), raw.to(dst.device))
-        if layer is None or layer == src.shape[0] - 1:
+        if after is None and (layer is None or layer == src.shape[0] - 1):
             current.wait_stream(self._stream)
 
     def _plan(self, src: torch.Tensor, dst: torch.Tensor) -> Any:
@@ -277,15 +291,20 @@ class CudaCopier:
 
 
 class _IpcSendHandle(ChunkSendHandle):
-    """Attached writer: copies through a Copier; no data on the wire. Both calls (Attach, and
-    the Push that carries the metadata) are opened by the first push (or finish), so start()
-    returns at once and the set-up runs while the GPU computes the first layer (a thread opening
-    them during start() held the GIL while the engine thread prepared the forward); the first
-    copy waits for the receiver's yes. Each push's metadata is folded into a summary (one
-    KvChunk per run of layers over the same blocks, `num_layers`), sent with the final chunk by
-    finish() after the copier is synchronised; the receiver checks and counts the bytes then. A failed or aborted
-    handle queues no further copy, synchronises the copier and then releases the reservation
-    and ends its calls (on its own thread: the sync may wait for a forward)."""
+    """Attached writer: copies through a Copier; no data on the wire.
+
+    The engine thread never waits for the network before the pool's last layer: the first push
+    starts a thread that opens both calls (Attach, and the Push that carries the metadata) and
+    waits for the receiver's yes; the pushes made meanwhile are kept, each with an event
+    recorded on the engine's stream, and that thread queues their copies once attached (no
+    write before the yes). A push of the last layer, or of every layer at once, waits for the
+    yes if it has not come: the engine's stream then waits for every copy, so a later step
+    cannot reuse a source block before it was read. Each push's metadata is folded into a
+    summary (one KvChunk per run of layers over the same blocks, `num_layers`); seal()
+    synchronises the copier, sends the summary and the last chunk, and releases the writer;
+    finish() waits for the receiver's check and count (the ack). A failed or aborted handle
+    queues no further copy, synchronises the copier and then releases the reservation and ends
+    its calls (on its own thread: the sync may wait for a forward)."""
 
     _all_layers_at_once = True
 
@@ -296,7 +315,10 @@ class _IpcSendHandle(ChunkSendHandle):
         self._stopping = False
         self._link: WriterLink | None = None
         self._link_ready = threading.Event()  # set once both calls are open (or failed to open)
-        self._attached = False  # the receiver accepted this writer (checked before the first copy)
+        self._answered = threading.Event()  # set once the attach was answered (or failed)
+        self._yes = False  # the receiver accepted this writer
+        self._attached = False  # copies go to the copier at once (guarded by _copy_lock)
+        self._kept: list[tuple[int | None, Sequence[int], Sequence[int], Any]] = []  # before the yes
         self._attach_timeout = attach_timeout
         super().__init__(target, kv_pool, layout, 1 << 30)
         self._stub, self._call_timeout = stub, call_timeout
@@ -306,10 +328,19 @@ class _IpcSendHandle(ChunkSendHandle):
         self._block_bytes = block_bytes(layout)
         self._summary: list[kv_pb2.KvChunk] = []
         self._blocks: tuple[Sequence[int], int, Sequence[int]] | None = None  # last checked (src, offset, dst)
-        self._opening = False  # _open() ran or will never run (guarded by _lock)
+        self._opening = False  # the attach thread runs or will never run (guarded by _lock)
 
-    def _open(self) -> None:
-        """Open Attach and Push (each call set-up costs the calling thread a millisecond or so)."""
+    def _begin(self) -> None:
+        """Start the attach thread (once; never after a failure or abort)."""
+        with self._lock:
+            first = not self._opening and not self._state.final
+            self._opening = True
+        if first:
+            threading.Thread(target=self._open_and_attach, name="kv-ipc-attach", daemon=True).start()
+
+    def _open_and_attach(self) -> None:
+        """Open Attach and Push (each call set-up costs a millisecond or so), wait for the yes,
+        then queue the kept copies."""
         try:
             link = WriterLink(self._stub, self._target.request_id, self._target.block_ids, self._hash,
                               call_timeout=self._call_timeout, on_lost=self._fail)
@@ -325,18 +356,37 @@ class _IpcSendHandle(ChunkSendHandle):
             self._fail(TransferError(f"KV attach could not start: {err}", retryable=True, code="UNAVAILABLE"))
         finally:
             self._link_ready.set()
+        try:
+            if self._link is not None and self._call is not None:
+                self._link.wait_attached(self._attach_timeout)  # no write before the yes
+                self._yes = True
+        except TransferError as err:
+            self._fail(err)
+        finally:
+            self._answered.set()
+        with self._copy_lock:
+            self._release_kept()
 
-    def _wait_open(self) -> None:
-        """Open both calls on first use (the first push, right after the forward queued layer 0,
-        so the set-up overlaps that layer; or finish), then check they are open."""
-        with self._lock:
-            first = not self._opening and not self._state.final
-            self._opening = True
-        if first:
-            self._open()
-        if not self._link_ready.wait(self._attach_timeout) or self._link is None or self._call is None:
-            raise self._error or TransferError(f"KV attach not started within {self._attach_timeout}s",
-                                               retryable=True, code="DEADLINE_EXCEEDED")
+    def _release_kept(self) -> None:
+        """Under _copy_lock: once attached, queue the kept copies (dropped after a failure)."""
+        if self._attached or not self._answered.is_set():
+            return
+        if self._state.final or not self._yes:
+            self._kept.clear()
+            return
+        for layer, src, dst, written in self._kept:
+            self._copier.copy(self._remote, self._pool, layer, src, dst, after=written)
+        self._kept.clear()
+        self._attached = True
+
+    def _await_attach(self) -> bool:
+        """Under _copy_lock: wait for the yes and queue the kept copies; False if refused."""
+        self._begin()
+        if not self._answered.wait(self._attach_timeout):
+            self._fail(TransferError(f"KV attach not answered within {self._attach_timeout}s",
+                                     retryable=True, code="DEADLINE_EXCEEDED"))
+        self._release_kept()
+        return self._attached
 
     def _encode(self, layer: int | None, src_block_ids: Sequence[int], dst_block_offset: int
                 ) -> list[tuple[Any, int]]:
@@ -347,20 +397,13 @@ class _IpcSendHandle(ChunkSendHandle):
         with self._copy_lock:
             if self._state.final:  # failed or aborted: the release may already be under way
                 return []
-            if not self._attached:
-                try:
-                    self._wait_open()
-                    self._link.wait_attached(self._attach_timeout)  # no write before the yes
-                except TransferError as err:
-                    refused = err
-                else:
-                    refused = None
-                    self._attached = True
-            if self._attached:
+            if not self._attached and layer is not None and layer < num_layers - 1:
+                self._begin()
+                self._kept.append((layer, src_block_ids, dst, _written(self._pool)))
+            elif self._attached or self._await_attach():
                 self._copier.copy(self._remote, self._pool, layer, src_block_ids, dst)
-        if not self._attached:
-            self._fail(refused)
-            return []
+            else:
+                return []
         layers = num_layers if layer is None else 1
         meta = kv_pb2.KvChunk(request_id=self._target.request_id, layout_hash=self._hash,
                               layer=layer or 0, block_offset=dst_block_offset,
@@ -394,17 +437,25 @@ class _IpcSendHandle(ChunkSendHandle):
         """Block until every copy queued so far has landed (benchmarks; finish() does it too)."""
         self._copier.synchronize()
 
-    def _complete(self, last: kv_pb2.KvChunk, timeout: float) -> kv_pb2.PushAck:
-        if not self._attached:  # nothing was pushed (e.g. the decode side cached every block)
-            self._wait_open()
-            self._link.wait_attached(self._attach_timeout)
-            self._attached = True
-        self._copier.synchronize()  # every write is done and visible before the last chunk
+    def _seal(self, last: kv_pb2.KvChunk, timeout: float) -> None:
+        """Every copy landed (so the bytes are visible to the decode worker): send the summary
+        and the last chunk, and release the writer; finish() waits for the ack."""
+        with self._copy_lock:
+            attached = self._attached or self._await_attach()  # nothing pushed: still attach
+        if not attached:
+            raise self._error or TransferError("KV transfer failed", retryable=True, code="UNAVAILABLE")
+        self._copier.synchronize()
         for chunk in self._summary:
             self._call.send(chunk)
-        ack = self._call.finish(last, timeout)
+        self._call.close(last)
         self._link.release()
-        return ack
+
+    def _acknowledged(self, timeout: float) -> kv_pb2.PushAck:
+        return self._call.result(timeout)
+
+    def _complete(self, last: kv_pb2.KvChunk, timeout: float) -> kv_pb2.PushAck:
+        self._seal(last, timeout)
+        return self._acknowledged(timeout)
 
     def _cancel(self) -> None:
         pass  # abort() -> _stop_writing() ends the calls once queued copies landed
@@ -429,6 +480,7 @@ class _IpcSendHandle(ChunkSendHandle):
             opened, self._opening = self._opening, True  # from now on nothing opens
         if not opened:  # no call, no writer, no copy: nothing to wait for
             self._link_ready.set()
+            self._answered.set()
             return
         self._link_ready.wait()
         with self._copy_lock:  # a copy being queued right now goes in before the sync

@@ -151,8 +151,16 @@ class PushCall:
 
     def finish(self, last: kv_pb2.KvChunk, timeout: float) -> kv_pb2.PushAck:
         """Send `last`, half-close, and return the ack; TransferError on failure or timeout."""
+        self.close(last)
+        return self.result(timeout)
+
+    def close(self, last: kv_pb2.KvChunk) -> None:
+        """Send `last` and half-close (the iterator ends); result() then waits for the ack."""
         self._queue.put(last)
-        self._queue.put(None)  # half-close: the iterator ends
+        self._queue.put(None)
+
+    def result(self, timeout: float) -> kv_pb2.PushAck:
+        """The ack of a closed call; TransferError on failure or timeout."""
         try:
             return self._future.result(timeout=timeout)
         except grpc.FutureTimeoutError:

@@ -50,6 +50,23 @@ def test_round_trip_scattered_blocks(connect, dtype: str) -> None:
     assert link.receiver.received_bytes("r1") == stats.bytes
 
 
+def test_seal_makes_the_bytes_visible_then_finish_takes_the_ack(connect) -> None:
+    """seal() (what the prefill worker waits for before its first token): every byte is
+    visible to the receiver on return; finish() then returns the receiver's count."""
+    layout = make_layout("bfloat16")
+    src, dst, expected, link, handle = _started(connect, layout)
+    for layer in range(layout.num_layers):
+        handle.push(layer, SRC_BLOCKS, 0)
+    sealed = handle.seal(timeout=10)
+    assert torch.equal(dst, expected)
+    assert sealed.bytes == layout.num_layers * layer_bytes(layout, len(SRC_BLOCKS))
+    with pytest.raises(RuntimeError):
+        handle.seal(timeout=1)
+    stats = handle.finish(timeout=10)
+    assert stats.bytes == sealed.bytes == link.receiver.received_bytes("r1")
+    assert handle.state == TransferState.DONE and link.receiver.is_complete("r1")
+
+
 def test_push_all_layers_then_per_layer(connect) -> None:
     """Blocks already complete (a prefix cache) go with push_all_layers, the rest per layer."""
     layout = make_layout("bfloat16")

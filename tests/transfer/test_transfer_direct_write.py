@@ -9,6 +9,7 @@ CPU stand-in for the CUDA copy stream: copies are queued and land later on a wor
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 import time
@@ -19,6 +20,7 @@ import pytest
 import torch
 
 from decode_service.engine import DecodeEngine
+from decode_service.server import DecodeServicer
 from pdserve.core.block_manager import BlockManager
 from pdserve.core.scheduler import Scheduler, SchedulerConfig
 from pdserve.proto import kv_pb2_grpc
@@ -47,7 +49,7 @@ class QueuedCopier:
         threading.Thread(target=self._run, daemon=True).start()
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor, layer: int | None, src_ids: Sequence[int],
-             dst_ids: Sequence[int]) -> None:
+             dst_ids: Sequence[int], after: object = None) -> None:
         self.queued += 1
         layers = slice(None) if layer is None else slice(layer, layer + 1)
         data = src[layers][:, :, list(src_ids)].clone()  # the source may be overwritten at once
@@ -108,8 +110,8 @@ def _reused_blocks_intact(rig: Rig) -> bool:
 def test_forget_while_a_copy_is_queued_frees_only_after_it_landed(rig: Rig) -> None:
     rig.receiver.expect("r1", DST)
     handle = rig.handle()
-    handle.push(0, SRC, 0)  # queued, not landed: the gate is closed
-    wait_until(lambda: rig.receiver.writer_attached("r1"))  # the copy itself is queued
+    handle.push(0, SRC, 0)  # kept until the attach answer, then queued; not landed: the gate is closed
+    wait_until(lambda: rig.copier.queued == 1)
     assert rig.receiver.forget("r1", on_released=rig.reuse_blocks) is False
     wait_until(lambda: handle.state == TransferState.FAILED)  # told by the Attach event
     handle.push(1, SRC, 0)  # no-op now: nothing more is queued
@@ -129,6 +131,7 @@ def test_sender_aborted_first_releases_after_its_copies(rig: Rig) -> None:
     rig.receiver.expect("r1", DST)
     handle = rig.handle()
     handle.push(0, SRC, 0)
+    wait_until(lambda: rig.copier.queued == 1)
     handle.abort()  # the prefill side gave up; its copy is still queued
     assert rig.receiver.forget("r1", on_released=rig.reuse_blocks) is False
     time.sleep(0.2)
@@ -144,6 +147,7 @@ def test_released_writer_lets_forget_free_at_once(rig: Rig) -> None:
     rig.copier.gate.set()
     handle = rig.handle()
     handle.push(0, SRC, 0)
+    wait_until(lambda: rig.copier.queued == 1)
     handle.abort()
     wait_until(lambda: rig.receiver._reservations["r1"].writer.done)
     assert rig.receiver.forget("r1", on_released=rig.reuse_blocks) is True
@@ -153,9 +157,10 @@ def test_forgotten_before_attach_is_refused_and_nothing_is_written(rig: Rig) -> 
     rig.receiver.expect("r1", DST)
     assert rig.receiver.forget("r1") is True  # no writer: free at once
     before = rig.dst.clone()
-    handle = rig.handle()  # the attach is sent; its answer is awaited before the first copy
+    handle = rig.handle()  # the first push attaches; its copy waits for the answer
     handle.push(0, SRC, 0)
-    assert handle.state == TransferState.FAILED and rig.copier.queued == 0
+    wait_until(lambda: handle.state == TransferState.FAILED)
+    assert rig.copier.queued == 0
     with pytest.raises(TransferError) as info:
         handle.finish(timeout=5)
     assert info.value.code == "NOT_FOUND"
@@ -166,10 +171,10 @@ def test_attach_with_other_blocks_is_refused(rig: Rig) -> None:
     rig.receiver.expect("r1", [1, 2, 3, 4])
     handle = rig.handle()
     handle.push(0, SRC, 0)
-    assert rig.copier.queued == 0
     with pytest.raises(TransferError) as info:
         handle.finish(timeout=5)
     assert info.value.code == "INVALID_ARGUMENT" and "block_ids" in str(info.value)
+    assert rig.copier.queued == 0
 
 
 def test_transfer_without_pushes_waits_for_the_attach(rig: Rig) -> None:
@@ -202,6 +207,7 @@ def test_lost_writer_is_released_after_the_grace(rig: Rig) -> None:
     rig.copier.gate.set()
     handle = rig.handle()
     handle.push(0, SRC, 0)
+    wait_until(lambda: rig.copier.queued == 1)  # attached
     handle._link._call.cancel()  # the writer's connection breaks without a release
     wait_until(lambda: handle.state == TransferState.FAILED)
     t0 = time.monotonic()
@@ -254,7 +260,8 @@ def test_decode_engine_keeps_aborted_blocks_until_the_writer_released(rig: Rig) 
     target = KvTargetSpec("r1", tuple(reserved), rig.server.address, rig.layout.compat_hash(), "cuda_ipc")
     handle = _IpcSendHandle(target, rig.src, rig.layout, kv_pb2_grpc.KvTransferStub(rig.channel),
                             30.0, rig.dst, rig.copier, attach_timeout=5.0)
-    handle.push(0, SRC, 0)  # queued behind the closed gate
+    handle.push(0, SRC, 0)  # queued behind the closed gate once attached
+    wait_until(lambda: rig.copier.queued == 1)
     free_before = blocks.num_free
     assert engine.abort("r1")
     time.sleep(0.3)
@@ -262,3 +269,105 @@ def test_decode_engine_keeps_aborted_blocks_until_the_writer_released(rig: Rig) 
     rig.copier.gate.set()
     wait_until(lambda: blocks.num_free == free_before + len(reserved))
     assert rig.copier.landed == 1
+
+
+def test_pushes_before_the_attach_answer_never_wait(rig: Rig) -> None:
+    """The engine thread does not wait for the network before the last layer: earlier pushes
+    are kept and queued (in order) once the receiver said yes; the last layer's push waits for
+    the yes, so the engine's stream can wait for every copy."""
+    rig.receiver.expect("r1", DST)
+    rig.copier.gate.set()
+    answer = threading.Event()
+    attach = rig.receiver.attach
+
+    def slow_attach(*args, **kw):  # the decode side is slow to answer
+        answer.wait(10)
+        return attach(*args, **kw)
+
+    rig.receiver.attach = slow_attach
+    handle = rig.handle()
+    t0 = time.monotonic()
+    for layer in range(rig.layout.num_layers - 1):
+        handle.push(layer, SRC, 0)
+    assert time.monotonic() - t0 < 0.5 and rig.copier.queued == 0
+    last = threading.Thread(target=handle.push, args=(rig.layout.num_layers - 1, SRC, 0))
+    last.start()
+    time.sleep(0.3)
+    assert last.is_alive() and rig.copier.queued == 0  # waits for the yes
+    answer.set()
+    last.join(5)
+    assert not last.is_alive() and rig.copier.queued == rig.layout.num_layers
+    handle.finish(timeout=10)
+    assert torch.equal(rig.dst[:, :, DST], rig.src[:, :, SRC])
+
+
+def test_kept_pushes_are_dropped_when_the_attach_is_refused(rig: Rig) -> None:
+    rig.receiver.expect("r1", DST)
+    rig.copier.gate.set()
+    answer = threading.Event()
+    attach = rig.receiver.attach
+
+    def refused_attach(*args, **kw):
+        answer.wait(10)
+        return attach(*args, **kw)
+
+    rig.receiver.attach = refused_attach
+    handle = rig.handle()
+    handle.push(0, SRC, 0)
+    assert rig.receiver.forget("r1") is True  # no writer yet: freed at once
+    answer.set()
+    wait_until(lambda: handle.state == TransferState.FAILED)
+    handle.push(1, SRC, 0)
+    time.sleep(0.2)
+    assert rig.copier.queued == 0 and bool((rig.dst[:, :, DST] != rig.src[:, :, SRC]).all())
+
+
+def test_seal_returns_once_the_bytes_landed_and_finish_takes_the_ack(rig: Rig) -> None:
+    """seal(): every copy landed, the summary and the last chunk are on their way, the writer
+    released; the receiver completes without further pushes, and finish() returns its ack."""
+    rig.receiver.expect("r1", DST)
+    rig.copier.gate.set()
+    handle = rig.handle()
+    for layer in range(rig.layout.num_layers):
+        handle.push(layer, SRC, 0)
+    sealed = handle.seal(timeout=10)
+    assert torch.equal(rig.dst[:, :, DST], rig.src[:, :, SRC])  # visible on return
+    assert sealed.bytes == rig.layout.num_layers * layer_bytes(rig.layout, len(SRC))
+    wait_until(lambda: rig.receiver.is_complete("r1"))
+    with pytest.raises(RuntimeError):
+        handle.seal(timeout=1)
+    assert handle.finish(timeout=10).bytes == sealed.bytes == rig.receiver.received_bytes("r1")
+    assert handle.state == TransferState.DONE
+    assert rig.receiver.forget("r1") is True
+
+
+def test_decode_start_waits_while_the_last_chunk_is_on_the_way(rig: Rig) -> None:
+    """A direct writer's prefill answers after seal(), so the gateway's Decode can arrive before
+    the last chunk: the decode worker waits for it; an aborted or expired reservation ends the
+    wait (start() then reports it)."""
+    rig.copier.gate.set()
+    blocks = BlockManager(32, rig.layout.block_size)
+    loop = EngineLoop(Scheduler(SchedulerConfig(), blocks), FakeRunner(rig.layout.block_size))
+    engine = DecodeEngine(loop, rig.receiver, eos_ids=(0,), lease_s=30.0)
+    servicer = DecodeServicer(engine, rig.layout, rig.server.address, "cuda_ipc", "tiny")
+    reserved, _ = engine.reserve("r1", 4 * rig.layout.block_size)
+    engine.reserve("r2", rig.layout.block_size)
+    target = KvTargetSpec("r1", tuple(reserved), rig.server.address, rig.layout.compat_hash(), "cuda_ipc")
+    handle = _IpcSendHandle(target, rig.src, rig.layout, kv_pb2_grpc.KvTransferStub(rig.channel),
+                            30.0, rig.dst, rig.copier, attach_timeout=5.0)
+
+    async def scenario() -> None:
+        waiter = asyncio.ensure_future(servicer._kv_arrived("r1"))
+        other = asyncio.ensure_future(servicer._kv_arrived("r2"))
+        await asyncio.sleep(0.2)
+        assert not waiter.done() and engine.kv_on_the_way("r1")
+        for layer in range(rig.layout.num_layers):
+            handle.push(layer, SRC, 0)
+        await asyncio.to_thread(handle.finish, 10)
+        await asyncio.wait_for(waiter, 5)
+        assert not engine.kv_on_the_way("r1") and not other.done()
+        assert engine.abort("r2")
+        await asyncio.wait_for(other, 5)
+
+    asyncio.run(scenario())
+    assert torch.equal(rig.dst[:, :, reserved], rig.src[:, :, SRC])
