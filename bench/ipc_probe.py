@@ -150,5 +150,78 @@ def ttft_marks(n_tok: int = 2048, reps: int = 4) -> None:
     peer.close()
 
 
+def ttft_variants(n_tok: int = 2048, reps: int = 6) -> None:
+    """What makes a forward with layer-wise pushes slower than alone: the same prefill with a
+    layer hook doing nothing, only the copy stream's wait, a copy kernel per layer into a local
+    pool, into the peer's (IPC-mapped) pool, and the real push; interleaved, medians (ms)."""
+    import json
+    import statistics
+
+    from pdserve.core.sampling import SamplingParams
+    from pdserve.core.step_io import SeqSlice, StepInput
+    from pdserve.model.spec import ModelSpec
+    from pdserve.runtime.runner import ModelRunner
+
+    spec = ModelSpec.from_config_dict(json.loads((Path(__file__).parent / "configs/llama-3.1-8b.json").read_text()))
+    n = n_tok // 16
+    runner = ModelRunner(spec, None, device=torch.device("cuda"), dtype=torch.bfloat16, num_blocks=n + 1,
+                         block_size=16, load_format="dummy", max_model_len=n_tok + 16, max_num_seqs=4)
+    layout, pool = runner.layout, runner.kv_pool
+    peer = Peer("cuda_ipc", layout, n + 1, "cuda")
+    sender = make_sender("cuda_ipc", layout)
+    ids = tuple(torch.randint(0, spec.vocab_size, (n_tok,)).tolist())
+    step = StepInput((SeqSlice("p", ids, 0, tuple(range(n)), SamplingParams(temperature=0.0)),))
+    blocks = list(range(n))
+    peer.ask("expect warm 1")
+    warm = sender.start(KvTargetSpec("warm", (0,), peer.address, layout.compat_hash(), ""), pool)
+    warm.push_all_layers([0], 0)
+    warm.finish(timeout=60)
+    copier, remote = warm._copier, sender._mapped[peer.address]
+    local = torch.empty_like(pool)
+    copier.prepare(pool, local)
+    side = copier._stream
+    handles: list = []
+
+    def push_hook():
+        rid = f"v{len(handles)}"
+        peer.ask(f"expect {rid} {n}")
+        handle = sender.start(KvTargetSpec(rid, tuple(blocks), peer.address, layout.compat_hash(), ""), pool)
+        handles.append((rid, handle))
+        return lambda layer: handle.push(layer, blocks, 0)
+
+    variants = {
+        "alone": lambda: None,
+        "hook_noop": lambda: (lambda layer: None),
+        "hook_stream_wait": lambda: (lambda layer: side.wait_stream(torch.cuda.current_stream())),
+        "hook_copy_local": lambda: (lambda layer: copier.copy(local, pool, layer, blocks, blocks)),
+        "hook_copy_peer": lambda: (lambda layer: copier.copy(remote, pool, layer, blocks, blocks)),
+        "push": push_hook,
+    }
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    for rep in range(reps + 1):
+        for name, make in variants.items():
+            hook = make()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            runner.execute(step, layer_hook=hook)
+            torch.cuda.synchronize()
+            dt = time.perf_counter() - t0
+            if handles:
+                rid, handle = handles.pop()
+                handle.finish(timeout=60)
+                peer.ask(f"forget {rid}")
+            if rep:
+                times[name].append(dt)
+    base = statistics.median(times["alone"])
+    print("ttft variants " + "  ".join(f"{k} {statistics.median(v) * 1e3:.2f}"
+                                       f" (+{(statistics.median(v) - base) / base * 100:.1f}%)" for k, v in times.items()),
+          flush=True)
+    sender.close()
+    peer.close()
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["variants"]:
+        ttft_variants()
+    else:
+        main()

@@ -16,6 +16,7 @@ import gc
 import json
 import os
 import random
+import statistics
 import time
 from pathlib import Path
 
@@ -140,13 +141,19 @@ def timed_generate(runner: ModelRunner, prompts, params, cfg, verifier=None) -> 
     return time.perf_counter() - t0, stats
 
 
-def ngram(runner: ModelRunner, prompts, params, verifier) -> tuple[float, float]:
-    """(plain seconds / speculative seconds, acceptance rate); one warm-up each."""
-    timed_generate(runner, prompts[:1], params, None, verifier)
-    timed_generate(runner, prompts[:1], params, NGRAM, verifier)
-    plain, _ = timed_generate(runner, prompts, params, None, verifier)
-    spec, stats = timed_generate(runner, prompts, params, NGRAM, verifier)
-    return plain / spec, stats.acceptance_rate
+def ngram(runner: ModelRunner, prompts, params, verifier, reps: int = 3) -> tuple[float, float]:
+    """(plain seconds / speculative seconds, acceptance rate): medians of `reps` alternating runs
+    after one warm-up of each mode on the same prompts (a first run at a new batch size compiles
+    kernels and captures graphs: timed, it made the baseline look slow)."""
+    timed_generate(runner, prompts, params, None, verifier)
+    timed_generate(runner, prompts, params, NGRAM, verifier)
+    plain, spec, acc = [], [], []
+    for _ in range(reps):
+        plain.append(timed_generate(runner, prompts, params, None, verifier)[0])
+        seconds, stats = timed_generate(runner, prompts, params, NGRAM, verifier)
+        spec.append(seconds)
+        acc.append(stats.acceptance_rate)
+    return statistics.median(plain) / statistics.median(spec), statistics.median(acc)
 
 
 def text_lookup_prompts(model_dir: str, n: int) -> list[list[int]]:

@@ -195,8 +195,8 @@ def one_transfer(sender, peer: Peer, pool: torch.Tensor, layout: KvLayout, n_blo
     elif drain is None:
         push_every_layer()
     else:
-        handle.push(0, blocks, 0)  # waits for the attach answer; layer 0 is sent again below
-        drain()
+        handle.push(0, blocks, 0)  # kept until the attach answer; layer 0 is sent again below
+        drain()  # waits for the answer and the copy
         t1 = time.perf_counter()
         push_every_layer()
         drain()

@@ -434,7 +434,11 @@ class _IpcSendHandle(ChunkSendHandle):
             self._summary.append(chunk)
 
     def drain(self) -> None:
-        """Block until every copy queued so far has landed (benchmarks; finish() does it too)."""
+        """Block until every push so far has landed (benchmarks; seal() does it too), kept
+        pushes included: they wait for the attach answer first."""
+        with self._copy_lock:
+            if not self._attached and self._kept:
+                self._await_attach()
         self._copier.synchronize()
 
     def _seal(self, last: kv_pb2.KvChunk, timeout: float) -> None:
