@@ -155,11 +155,11 @@ def ttft_variants(n_tok: int = 2048, reps: int = 6) -> None:
     layer hook doing nothing, only the copy stream's wait, a copy kernel per layer into a local
     pool, into the peer's (IPC-mapped) pool, and the real push; interleaved, medians (ms)."""
     import json
-    import statistics
 
     from pdserve.core.sampling import SamplingParams
     from pdserve.core.step_io import SeqSlice, StepInput
     from pdserve.model.spec import ModelSpec
+    from pdserve.runtime.loop import ENGINE_SWITCH_INTERVAL_S
     from pdserve.runtime.runner import ModelRunner
 
     spec = ModelSpec.from_config_dict(json.loads((Path(__file__).parent / "configs/llama-3.1-8b.json").read_text()))
@@ -197,6 +197,16 @@ def ttft_variants(n_tok: int = 2048, reps: int = 6) -> None:
         "hook_copy_peer": lambda: (lambda layer: copier.copy(remote, pool, layer, blocks, blocks)),
         "push": push_hook,
     }
+    for interval in (sys.getswitchinterval(), ENGINE_SWITCH_INTERVAL_S):
+        sys.setswitchinterval(interval)
+        variant_times(runner, step, variants, handles, peer, reps, f"switch interval {interval * 1e3:g} ms")
+    sender.close()
+    peer.close()
+
+
+def variant_times(runner, step, variants: dict, handles: list, peer: Peer, reps: int, label: str) -> None:
+    import statistics
+
     times: dict[str, list[float]] = {k: [] for k in variants}
     for rep in range(reps + 1):
         for name, make in variants.items():
@@ -213,11 +223,8 @@ def ttft_variants(n_tok: int = 2048, reps: int = 6) -> None:
             if rep:
                 times[name].append(dt)
     base = statistics.median(times["alone"])
-    print("ttft variants " + "  ".join(f"{k} {statistics.median(v) * 1e3:.2f}"
-                                       f" (+{(statistics.median(v) - base) / base * 100:.1f}%)" for k, v in times.items()),
-          flush=True)
-    sender.close()
-    peer.close()
+    print(f"ttft variants, {label}: " + "  ".join(f"{k} {statistics.median(v) * 1e3:.2f}"
+          f" (+{(statistics.median(v) - base) / base * 100:.1f}%)" for k, v in times.items()), flush=True)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import torch
 from pdserve.transfer import make_receiver
 from pdserve.transfer.base import KvTargetSpec, TransferError, TransferState
 from pdserve.transfer.cuda_ipc import CudaIpcKvSender, CudaIpcUnavailable, map_pool
-from transfer_helpers import layer_bytes, make_layout, poisoned_pool, random_pool
+from transfer_helpers import layer_bytes, make_layout, poisoned_pool, random_pool, wait_until
 
 HERE = Path(__file__).parent
 SRC, DST = [5, 0, 22, 9, 30], [17, 3, 29, 8, 11]
@@ -79,6 +79,7 @@ def test_forget_during_a_queued_copy_never_writes_reused_blocks() -> None:
         t0 = time.monotonic()
         handle.push(0, SRC, 0)
         assert time.monotonic() - t0 < 0.3, "push waited for the engine stream"
+        wait_until(lambda: handle._attached)  # the attach answer came; the copy is queued
         assert _ask(proc, f"forget r1 {','.join(map(str, DST))}", "FORGET") == ["False"]
         held = float(_reply(proc, "RELEASED")[0])
         torch.cuda.synchronize()
