@@ -254,9 +254,6 @@ def bench_ttft(backend: str, model: dict, tokens: list[int], reps: int, device: 
     from pdserve.model.spec import ModelSpec
     from pdserve.runtime.runner import ModelRunner
 
-    from pdserve.runtime.loop import favour_engine_thread
-
-    favour_engine_thread()  # as the prefill worker does
     spec = ModelSpec.from_config_dict(model)
     n_max = max(tokens) // 16 + 1
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32

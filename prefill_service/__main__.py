@@ -21,13 +21,12 @@ def parser() -> argparse.ArgumentParser:
 async def amain(args: argparse.Namespace) -> None:
     from pdserve import serving
     from pdserve.proto import worker_pb2_grpc
-    from pdserve.runtime.loop import EngineLoop, favour_engine_thread
+    from pdserve.runtime.loop import EngineLoop
     from pdserve.transfer import make_sender
     from pdserve.worker import build
     from prefill_service.engine import PrefillEngine
     from prefill_service.server import PrefillServicer
 
-    favour_engine_thread()
     built = build(args)
     if args.kv_transfer == "cuda_ipc" and not built.runner.kv_pool.is_cuda:
         raise SystemExit(f"--kv-transfer cuda_ipc needs the KV pool on CUDA; it is on {built.runner.kv_pool.device}")

@@ -7,7 +7,6 @@ which take the loop's lock, and receive their tokens through the sink they hande
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -26,19 +25,6 @@ LayerHook = Callable[[int], None]
 
 class Runner(Protocol):
     def execute(self, step: StepInput, layer_hook: LayerHook | None = None) -> StepOutput: ...
-
-
-ENGINE_SWITCH_INTERVAL_S = 0.0005
-
-
-def favour_engine_thread() -> None:
-    """Bound how long another Python thread can keep the engine thread from the GIL. The engine
-    thread launches a forward layer by layer while other threads run Python (gRPC's, and the KV
-    transfer's attach thread opening its calls during layer 0); at CPython's default 5 ms
-    switch interval such a thread held the launches back long enough for the GPU to run dry
-    (a 2k-token prefill on the H200 ended ~2 ms later: bench/ipc_probe.py variants). 0.5 ms
-    bounds the wait. Process-wide: the prefill worker calls it at start."""
-    sys.setswitchinterval(ENGINE_SWITCH_INTERVAL_S)
 
 
 class EngineLoop:
