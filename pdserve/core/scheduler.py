@@ -123,6 +123,8 @@ class Scheduler:
         tables = self._tables
         append = slices.append
         spec = self.spec
+        if spec is not None:
+            spec.begin_step()
         for seq in list(self.running):
             if seq.status is not running_status or budget <= 0:
                 continue

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pdserve.core.block_manager import BlockManager
 from pdserve.core.request import Sequence
-from pdserve.core.speculative import NgramProposer, SpecStats, SpeculativeConfig
+from pdserve.core.speculative import BatchGate, NgramProposer, SpecStats, SpeculativeConfig
 
 
 def draft_limit(seq: Sequence, k: int, max_model_len: int) -> int:
@@ -34,6 +34,16 @@ class DraftPlanner:
         self.max_model_len = max_model_len
         self.stats = SpecStats()
         self._props: dict[str, NgramProposer] = {}
+        self._gate = BatchGate()
+        self._drafting = True  # this step may carry drafts (the gate's answer)
+        self._step = [0, 0]  # drafts proposed and accepted by the verify results since the last step
+
+    def begin_step(self) -> None:
+        """Called by the scheduler before each step: feed the gate the verify results recorded
+        since the last call, and ask it whether this step drafts."""
+        self._gate.record(*self._step)
+        self._step = [0, 0]
+        self._drafting = self._gate.allow()
 
     def drafts(self, seq: Sequence, budget: int, blocks: BlockManager, reserve: int) -> tuple[int, ...]:
         """Drafts to verify after seq's last token (blocks already cover len(seq) tokens).
@@ -41,6 +51,8 @@ class DraftPlanner:
         budget: tokens left in this step (the last token included); reserve: free blocks to
         leave for the other running sequences. May extend seq.block_table.
         """
+        if not self._drafting:
+            return ()
         limit = min(draft_limit(seq, self.cfg.num_speculative_tokens, self.max_model_len), budget - 1)
         if limit <= 0:
             return ()
@@ -60,6 +72,8 @@ class DraftPlanner:
     def verified(self, request_id: str, num_drafts: int, accepted: int) -> None:
         """Record a verify result (stats and the proposer's back-off)."""
         self.stats.record(num_drafts, accepted)
+        self._step[0] += num_drafts
+        self._step[1] += accepted
         prop = self._props.get(request_id)
         if prop is not None:
             prop.feedback(num_drafts, accepted)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pdserve.core.request import Sequence as Seq
 from pdserve.core.sampling import SamplingParams
 from pdserve.core.spec_schedule import draft_limit
-from pdserve.core.speculative import NgramProposer, SpecStats, SpeculativeConfig
+from pdserve.core.speculative import BatchGate, NgramProposer, SpecStats, SpeculativeConfig
 from pdserve.core.step_io import SeqSlice, StepInput
 from pdserve.runtime.offline import _allocate
 from pdserve.runtime.runner import ModelRunner
@@ -49,18 +49,24 @@ def generate_speculative(
     for i, t in runner.execute(first).sampled.items():
         _emit(outs[int(i)], props[int(i)], [t], params, stops)
     live = [i for i in range(len(prompts)) if not _done(outs[i], params, stops)]
+    gate = BatchGate()
     while live:
-        slices = [_spec_slice(i, prompts[i], outs[i], props[i], tables[i], params, suppress, k,
+        step_k = k if gate.allow() else 0
+        slices = [_spec_slice(i, prompts[i], outs[i], props[i], tables[i], params, suppress, step_k,
                               runner.max_model_len) for i in live]
         step = StepInput(tuple(slices))
         out = verifier.execute(step) if verifier is not None else execute_speculative(runner, step)
+        proposed = kept = 0
         for s in slices:
             i = int(s.request_id)
             toks = out.emitted[s.request_id] if s.num_drafts else (out.sampled[s.request_id],)
             accepted = len(toks) - 1
             props[i].feedback(s.num_drafts, accepted)
             stats.record(s.num_drafts, accepted)
+            proposed += s.num_drafts
+            kept += accepted
             _emit(outs[i], props[i], toks, params, stops)
+        gate.record(proposed, kept)
         live = [i for i in live if not _done(outs[i], params, stops)]
     return outs
 

@@ -16,7 +16,7 @@ from pdserve.core.request import Finish, Sequence
 from pdserve.core.sampling import SamplingParams
 from pdserve.core.scheduler import Scheduler, SchedulerConfig
 from pdserve.core.spec_schedule import DraftPlanner, draft_limit
-from pdserve.core.speculative import SpeculativeConfig
+from pdserve.core.speculative import BatchGate, SpeculativeConfig
 from pdserve.core.step_io import StepInput, StepOutput
 from pdtest.fake_runner import FakeRunner
 
@@ -210,3 +210,65 @@ def test_speculative_config_as_vllm() -> None:
     assert (cfg.num_speculative_tokens, cfg.prompt_lookup_max, cfg.prompt_lookup_min) == (5, 4, 2)
     assert SpeculativeConfig.parse('{"prompt_lookup_max": 3}').prompt_lookup_min == 3  # one sets both
     assert SpeculativeConfig.parse("") is None
+
+
+def test_batch_gate_pauses_doubling_and_resets() -> None:
+    gate = BatchGate()
+    assert gate.allow()
+    gate.record(0, 0)  # a step without drafts teaches nothing
+    assert gate.allow()
+    paused = []
+    for _ in range(4):  # each failing probe doubles the pause: 1, 2, 4, 8 steps
+        gate.record(8, 1)
+        n = 0
+        while not gate.allow():
+            n += 1
+        paused.append(n)
+    assert paused == [1, 2, 4, 8]
+    gate.record(8, 2)  # a quarter accepted: no pause, and the next one is halved (16 -> 8)
+    assert gate.allow()
+    gate.record(8, 0)
+    assert [gate.allow() for _ in range(9)] == [False] * 8 + [True]
+    for _ in range(6):  # good steps bring the pause down to one step
+        gate.record(8, 8)
+    gate.record(8, 0)
+    assert [gate.allow() for _ in range(2)] == [False, True]
+
+
+class NoisyRunner(RuleRunner):
+    """A 'model' whose next token is a pseudo-random function of the position: drafts (almost)
+    never match, like n-gram lookup on text that does not repeat."""
+
+    def _next(self, table: tuple[int, ...], pos: int, suppress: tuple[int, ...]) -> int:
+        tok = random.Random(pos * 7919).randrange(VOCAB - 1)
+        while tok in suppress:
+            tok = (tok + 1) % VOCAB
+        return tok
+
+
+def test_batch_stops_drafting_while_drafts_keep_failing() -> None:
+    """A verify step costs every sequence of the batch: on text the lookup cannot predict, the
+    batch drafts in a handful of steps only, and the tokens are those of plain decoding."""
+    params = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
+    sc = SchedulerConfig(max_model_len=512)
+    planner = DraftPlanner(CFG, sc.max_model_len)
+    sched, runner = Scheduler(sc, BlockManager(512, 4), planner), NoisyRunner(4)
+    drafting_steps = 0
+    for s in workload(params):
+        sched.add(s)
+    outs: dict[str, list[int]] = {}
+    while sched.has_work:
+        step = sched.schedule()
+        drafting_steps += any(sl.num_drafts for sl in step.seqs)
+        for ev in sched.update(step, runner.execute(step)):
+            outs.setdefault(ev.request_id, []).append(ev.token)
+    assert planner.stats.acceptance_rate < 0.25
+    assert drafting_steps <= 12, drafting_steps
+    plain_outs, _, _, _ = run_all(*_noisy(False), workload(params))
+    assert outs == plain_outs
+    assert sched.blocks.num_free == sched.blocks.num_total
+
+
+def _noisy(spec: bool) -> tuple[Scheduler, NoisyRunner]:
+    sched, _ = make(spec, num_blocks=512)
+    return sched, NoisyRunner(4)
