@@ -188,6 +188,32 @@ def ttft_variants(n_tok: int = 2048, reps: int = 6) -> None:
         handles.append((rid, handle))
         return lambda layer: handle.push(layer, blocks, 0)
 
+    class NullCopier:  # the push machinery without copy kernels
+        def copy(self, *args, **kw) -> None:
+            pass
+
+        def synchronize(self) -> None:
+            pass
+
+    def push_attached():  # the attach answered before the forward: no call set-up during it
+        hook = push_hook()
+        handle = handles[-1][1]
+        handle._begin()
+        handle._answered.wait(10)
+        return hook
+
+    def push_no_copy():
+        from pdserve.proto import kv_pb2_grpc
+        from pdserve.transfer.cuda_ipc import _IpcSendHandle
+
+        rid = f"v{len(handles)}"
+        peer.ask(f"expect {rid} {n}")
+        stub = kv_pb2_grpc.KvTransferStub(sender._channel(peer.address))
+        handle = _IpcSendHandle(KvTargetSpec(rid, tuple(blocks), peer.address, layout.compat_hash(), ""),
+                                pool, layout, stub, 60.0, remote, NullCopier(), 10.0)
+        handles.append((rid, handle))
+        return lambda layer: handle.push(layer, blocks, 0)
+
     variants = {
         "alone": lambda: None,
         "hook_noop": lambda: (lambda layer: None),
@@ -195,6 +221,8 @@ def ttft_variants(n_tok: int = 2048, reps: int = 6) -> None:
         "hook_copy_local": lambda: (lambda layer: copier.copy(local, pool, layer, blocks, blocks)),
         "hook_copy_peer": lambda: (lambda layer: copier.copy(remote, pool, layer, blocks, blocks)),
         "push": push_hook,
+        "push_attached": push_attached,
+        "push_no_copy": push_no_copy,
     }
     # A 0.5 ms GIL switch interval (sys.setswitchinterval) was tried here on 2026-12-03 and
     # made no difference beyond the noise (push +4.9 % at 5 ms, +6.1 % at 0.5 ms).
@@ -207,14 +235,28 @@ def variant_times(runner, step, variants: dict, handles: list, peer: Peer, reps:
     import statistics
 
     times: dict[str, list[float]] = {k: [] for k in variants}
+    enqueued: dict[str, list[float]] = {k: [] for k in variants}  # the last layer's hook returned
+    first: dict[str, list[float]] = {k: [] for k in variants}  # layer 0's hook returned
+    last = runner.layout.num_layers - 1
     for rep in range(reps + 1):
         for name, make in variants.items():
-            hook = make()
+            inner = make()
+            marks: list[float] = []
+
+            def hook(layer: int, inner=inner, marks=marks) -> None:
+                if inner is not None:
+                    inner(layer)
+                if layer in (0, last):
+                    marks.append(time.perf_counter())
+
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-            runner.execute(step, layer_hook=hook)
+            runner.execute(step, layer_hook=hook if inner is not None else None)
             torch.cuda.synchronize()
             dt = time.perf_counter() - t0
+            if rep and marks:
+                first[name].append(marks[0] - t0)
+                enqueued[name].append(marks[-1] - t0)
             if handles:
                 rid, handle = handles.pop()
                 handle.finish(timeout=60)
@@ -224,6 +266,9 @@ def variant_times(runner, step, variants: dict, handles: list, peer: Peer, reps:
     base = statistics.median(times["alone"])
     print(f"ttft variants, {label}: " + "  ".join(f"{k} {statistics.median(v) * 1e3:.2f}"
           f" (+{(statistics.median(v) - base) / base * 100:.1f}%)" for k, v in times.items()), flush=True)
+    print("hooks of layer 0 / the last layer returned at (ms): " + "  ".join(
+        f"{k} {statistics.median(first[k]) * 1e3:.2f} / {statistics.median(v) * 1e3:.2f}"
+        for k, v in enqueued.items() if v), flush=True)
 
 
 if __name__ == "__main__":
