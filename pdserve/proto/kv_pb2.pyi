@@ -66,22 +66,44 @@ class PushAck(_message.Message):
     chunks: int
     def __init__(self, bytes: _Optional[int] = ..., chunks: _Optional[int] = ...) -> None: ...
 
-class KvAttach(_message.Message):
-    __slots__ = ("request_id", "block_ids", "layout_hash", "release")
+class KvControl(_message.Message):
+    __slots__ = ("request_id", "attach", "chunk", "release")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
-    BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
-    LAYOUT_HASH_FIELD_NUMBER: _ClassVar[int]
+    ATTACH_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
     RELEASE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
+    attach: KvAttach
+    chunk: KvChunk
+    release: bool
+    def __init__(self, request_id: _Optional[str] = ..., attach: _Optional[_Union[KvAttach, _Mapping]] = ..., chunk: _Optional[_Union[KvChunk, _Mapping]] = ..., release: _Optional[bool] = ...) -> None: ...
+
+class KvAttach(_message.Message):
+    __slots__ = ("block_ids", "layout_hash")
+    BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_HASH_FIELD_NUMBER: _ClassVar[int]
     block_ids: _containers.RepeatedScalarFieldContainer[int]
     layout_hash: str
-    release: bool
-    def __init__(self, request_id: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., layout_hash: _Optional[str] = ..., release: _Optional[bool] = ...) -> None: ...
+    def __init__(self, block_ids: _Optional[_Iterable[int]] = ..., layout_hash: _Optional[str] = ...) -> None: ...
 
-class KvAttachEvent(_message.Message):
-    __slots__ = ("attached", "forgotten")
+class KvControlEvent(_message.Message):
+    __slots__ = ("request_id", "attached", "forgotten", "ack", "error")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ATTACHED_FIELD_NUMBER: _ClassVar[int]
     FORGOTTEN_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
     attached: bool
     forgotten: bool
-    def __init__(self, attached: _Optional[bool] = ..., forgotten: _Optional[bool] = ...) -> None: ...
+    ack: PushAck
+    error: KvError
+    def __init__(self, request_id: _Optional[str] = ..., attached: _Optional[bool] = ..., forgotten: _Optional[bool] = ..., ack: _Optional[_Union[PushAck, _Mapping]] = ..., error: _Optional[_Union[KvError, _Mapping]] = ...) -> None: ...
+
+class KvError(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...

@@ -44,10 +44,10 @@ class KvTransferStub:
                 request_serializer=pdserve_dot_v1_dot_kv__pb2.KvChunk.SerializeToString,
                 response_deserializer=pdserve_dot_v1_dot_kv__pb2.PushAck.FromString,
                 _registered_method=True)
-        self.Attach = channel.stream_stream(
-                '/pdserve.v1.KvTransfer/Attach',
-                request_serializer=pdserve_dot_v1_dot_kv__pb2.KvAttach.SerializeToString,
-                response_deserializer=pdserve_dot_v1_dot_kv__pb2.KvAttachEvent.FromString,
+        self.Control = channel.stream_stream(
+                '/pdserve.v1.KvTransfer/Control',
+                request_serializer=pdserve_dot_v1_dot_kv__pb2.KvControl.SerializeToString,
+                response_deserializer=pdserve_dot_v1_dot_kv__pb2.KvControlEvent.FromString,
                 _registered_method=True)
 
 
@@ -67,9 +67,9 @@ class KvTransferServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def Attach(self, request_iterator, context):
-        """Direct writers only (cuda_ipc). A writer whose call breaks without `release` (it died) is
-        released after the receiver's grace period.
+    def Control(self, request_iterator, context):
+        """Direct writers only (cuda_ipc). Writers still attached when the stream breaks (the sender
+        died) are released after the receiver's grace period.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -88,10 +88,10 @@ def add_KvTransferServicer_to_server(servicer, server):
                     request_deserializer=pdserve_dot_v1_dot_kv__pb2.KvChunk.FromString,
                     response_serializer=pdserve_dot_v1_dot_kv__pb2.PushAck.SerializeToString,
             ),
-            'Attach': grpc.stream_stream_rpc_method_handler(
-                    servicer.Attach,
-                    request_deserializer=pdserve_dot_v1_dot_kv__pb2.KvAttach.FromString,
-                    response_serializer=pdserve_dot_v1_dot_kv__pb2.KvAttachEvent.SerializeToString,
+            'Control': grpc.stream_stream_rpc_method_handler(
+                    servicer.Control,
+                    request_deserializer=pdserve_dot_v1_dot_kv__pb2.KvControl.FromString,
+                    response_serializer=pdserve_dot_v1_dot_kv__pb2.KvControlEvent.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -159,7 +159,7 @@ class KvTransfer:
             _registered_method=True)
 
     @staticmethod
-    def Attach(request_iterator,
+    def Control(request_iterator,
             target,
             options=(),
             channel_credentials=None,
@@ -172,9 +172,9 @@ class KvTransfer:
         return grpc.experimental.stream_stream(
             request_iterator,
             target,
-            '/pdserve.v1.KvTransfer/Attach',
-            pdserve_dot_v1_dot_kv__pb2.KvAttach.SerializeToString,
-            pdserve_dot_v1_dot_kv__pb2.KvAttachEvent.FromString,
+            '/pdserve.v1.KvTransfer/Control',
+            pdserve_dot_v1_dot_kv__pb2.KvControl.SerializeToString,
+            pdserve_dot_v1_dot_kv__pb2.KvControlEvent.FromString,
             options,
             channel_credentials,
             insecure,

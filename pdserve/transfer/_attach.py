@@ -1,15 +1,18 @@
 """Direct writers (cuda_ipc): the sender writes the receiver's pool itself, so the receiver's
-forget() alone cannot stop it. Both ends of the KvTransfer Attach call live here.
+forget() alone cannot stop it. Both ends of the KvTransfer Control stream live here.
 
-Receiver (`DirectWriteReceiver`): Push carries metadata chunks only (validated against the
-reservation and counted); Attach registers the sender as the reservation's writer before its
-first write, tells it when the request is forgotten, and releases the blocks only when the
-writer says its last write landed, or `writer_grace_s` after its call broke (it died).
+One Control stream per sender and receiver carries every request between them (the messages
+name their request), so a request costs its sender no call set-up, only messages:
 
-Sender (`WriterLink`): sends its attach in the handle's constructor and waits for the answer
-before the first write (no write before the receiver said yes; the round trip overlaps the
-first layer's compute), turns a `forgotten` event or a broken call into a failure of the handle, and sends
-`release` once the handle's copies are synchronised.
+    attach -> attached | error      before the first write (no write before the yes)
+    forgotten                       the receiver dropped the request: stop, synchronise, release
+    chunk.. last -> ack | error     the writes' summary (metadata), checked and counted
+    release                         every write has landed
+
+Receiver (`DirectWriteReceiver`): validates and counts the summaries, registers the sender as
+the reservation's writer, tells it when the request is forgotten, and releases the blocks only
+when the writer says its last write landed, or `writer_grace_s` after the stream broke (the
+sender died). Sender (`ControlLink` per receiver, `WriterLink` per request).
 """
 
 from __future__ import annotations
@@ -22,9 +25,12 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 import grpc
 
 from pdserve.proto import kv_pb2, kv_pb2_grpc
+from pdserve.transfer._receiver import Writer
 from pdserve.transfer._wire import ChunkRejected, block_bytes, error_from_status
 from pdserve.transfer.base import TransferError
 from pdserve.transfer.tcp import TcpKvReceiver
+
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 
 class DirectWriteReceiver(TcpKvReceiver):
@@ -35,124 +41,208 @@ class DirectWriteReceiver(TcpKvReceiver):
             raise ChunkRejected(grpc.StatusCode.INVALID_ARGUMENT, "direct-write chunks carry no data")
         return self.account(chunk, max(1, chunk.num_layers) * chunk.num_blocks * block_bytes(self.layout))
 
-    async def Attach(
-        self, request_iterator: AsyncIterator[kv_pb2.KvAttach], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[kv_pb2.KvAttachEvent]:
-        requests = request_iterator.__aiter__()
-        try:
-            first = await requests.__anext__()
-        except StopAsyncIteration:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Attach ended before its first message")
-        if first.layout_hash != self.layout.compat_hash():
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                                f"layout_hash: {first.layout_hash!r} != receiver layout "
-                                f"[{self.layout.describe()}] (hash {self.layout.compat_hash()})")
+    async def Control(
+        self, request_iterator: AsyncIterator[kv_pb2.KvControl], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[kv_pb2.KvControlEvent]:
         loop = asyncio.get_running_loop()
-        forgotten = asyncio.Event()
+        events: asyncio.Queue[kv_pb2.KvControlEvent | None] = asyncio.Queue()
+        writers: dict[str, Writer] = {}  # attached and not yet released, on this stream
+
+        def forgotten(rid: str) -> None:  # from forget(), any thread
+            loop.call_soon_threadsafe(events.put_nowait, kv_pb2.KvControlEvent(request_id=rid, forgotten=True))
+
+        async def read() -> None:
+            try:
+                async for msg in request_iterator:
+                    reply = self._control(msg, writers, forgotten)
+                    if reply is not None:
+                        events.put_nowait(reply)
+            finally:
+                events.put_nowait(None)
+
+        reader = asyncio.ensure_future(read())
         try:
-            writer = self.attach(first.request_id, first.block_ids,
-                                 lambda: loop.call_soon_threadsafe(forgotten.set))
-        except ChunkRejected as err:
-            await context.abort(err.code, err.message)
-        reader = asyncio.ensure_future(_until_release(requests))
-        waiter = asyncio.ensure_future(forgotten.wait())
-        released = False
-        try:
-            yield kv_pb2.KvAttachEvent(attached=True)
-            await asyncio.wait({reader, waiter}, return_when=asyncio.FIRST_COMPLETED)
-            if not reader.done():
-                yield kv_pb2.KvAttachEvent(forgotten=True)
-                await reader
-            released = reader.result()
+            while (event := await events.get()) is not None:
+                yield event
+            await reader  # re-raises a broken stream
         finally:
             reader.cancel()
-            waiter.cancel()
-            self.release_writer(writer, lost=not released)
+            for writer in writers.values():  # the sender is gone: its queued copies may still land
+                self.release_writer(writer, lost=True)
 
-
-async def _until_release(requests: AsyncIterator[kv_pb2.KvAttach]) -> bool:
-    """True when the writer sent `release`; False when its stream ended without it."""
-    async for msg in requests:
-        if msg.release:
-            return True
-    return False
+    def _control(self, msg: kv_pb2.KvControl, writers: dict[str, Writer],
+                 forgotten: Callable[[str], None]) -> kv_pb2.KvControlEvent | None:
+        rid, kind = msg.request_id, msg.WhichOneof("kind")
+        try:
+            if kind == "attach":
+                if msg.attach.layout_hash != self.layout.compat_hash():
+                    raise ChunkRejected(grpc.StatusCode.FAILED_PRECONDITION,
+                                        f"layout_hash: {msg.attach.layout_hash!r} != receiver layout "
+                                        f"[{self.layout.describe()}] (hash {self.layout.compat_hash()})")
+                if rid in writers:
+                    raise ChunkRejected(grpc.StatusCode.ALREADY_EXISTS, f"request {rid} is already attached here")
+                writers[rid] = self.attach(rid, msg.attach.block_ids, lambda: forgotten(rid))
+                return kv_pb2.KvControlEvent(request_id=rid, attached=True)
+            if kind == "chunk":
+                if msg.chunk.request_id != rid:
+                    raise ChunkRejected(grpc.StatusCode.INVALID_ARGUMENT,
+                                        f"chunk.request_id {msg.chunk.request_id!r} != {rid!r}")
+                ack = self.apply(msg.chunk)
+                return None if ack is None else kv_pb2.KvControlEvent(request_id=rid, ack=ack)
+            if kind == "release":
+                writer = writers.pop(rid, None)
+                if writer is not None:
+                    self.release_writer(writer, lost=False)
+                return None
+            raise ChunkRejected(grpc.StatusCode.INVALID_ARGUMENT, f"control message for {rid!r} names nothing")
+        except ChunkRejected as err:
+            return kv_pb2.KvControlEvent(request_id=rid, error=kv_pb2.KvError(code=err.code.value[0],
+                                                                            message=err.message))
 
 
 class WriterLink:
-    """Sender side of one Attach call; `open` attaches, `release` ends it."""
+    """One request on a ControlLink: attach, the summary and its ack, release. `on_answer` is
+    called once with None (attached) or the refusal; `on_lost` when the receiver forgets the
+    request or the stream breaks while the writer is attached and not released. Both run on
+    the link's reader thread (on_answer on the caller's when the stream is already down)."""
 
-    def __init__(
-        self,
-        stub: kv_pb2_grpc.KvTransferStub,
-        request_id: str,
-        block_ids: Sequence[int],
-        layout_hash: str,
-        *,
-        call_timeout: float,
-        on_lost: Callable[[TransferError], None],
-    ) -> None:
-        self._stub = stub
-        self._first = kv_pb2.KvAttach(request_id=request_id, block_ids=list(block_ids),
-                                      layout_hash=layout_hash)
-        self._call_timeout = call_timeout
-        self._queue: queue.Queue[kv_pb2.KvAttach | None] = queue.Queue()
-        self._on_lost = on_lost
-        self._attached = threading.Event()
-        self._error: TransferError | None = None
+    def __init__(self, control: ControlLink, request_id: str, block_ids: Sequence[int], layout_hash: str,
+                 *, on_answer: Callable[[TransferError | None], None],
+                 on_lost: Callable[[TransferError], None]) -> None:
+        self._control = control
+        self.request_id = request_id
+        self._block_ids = list(block_ids)
+        self._hash = layout_hash
+        self._on_answer, self._on_lost = on_answer, on_lost
+        self._answered = False
+        self._acked = threading.Event()
+        self._ack: kv_pb2.PushAck | TransferError | None = None
         self._lock = threading.Lock()
         self._released = False
-        self._call: grpc.Call | None = None
-
-    def open(self, timeout: float) -> None:
-        """Attach; returns once the receiver accepted this writer (`begin` + `wait_attached`)."""
-        self.begin()
-        self.wait_attached(timeout)
 
     def begin(self) -> None:
-        """Send the attach request and return at once (the answer comes on a watcher thread)."""
-        self._queue.put(self._first)
-        self._call = self._stub.Attach(self._requests(), timeout=self._call_timeout)
-        threading.Thread(target=self._watch, name="kv-attach", daemon=True).start()
+        """Send the attach and return at once."""
+        self._control.register(self)
+        self._control.send(kv_pb2.KvControl(request_id=self.request_id, attach=kv_pb2.KvAttach(
+            block_ids=self._block_ids, layout_hash=self._hash)))
 
-    def wait_attached(self, timeout: float) -> None:
-        """Return once the receiver accepted this writer. Raises TransferError (NOT_FOUND:
-        forgotten or unknown; DEADLINE_EXCEEDED, retryable: no answer). After it returns,
-        `on_lost` is called when the receiver forgets the request or the call breaks."""
-        if not self._attached.wait(timeout):
-            self._call.cancel()
-            raise TransferError(f"KV attach not answered within {timeout}s",
+    def send_summary(self, chunks: Sequence[kv_pb2.KvChunk], last: kv_pb2.KvChunk) -> None:
+        for chunk in (*chunks, last):
+            self._control.send(kv_pb2.KvControl(request_id=self.request_id, chunk=chunk))
+
+    def wait_ack(self, timeout: float) -> kv_pb2.PushAck:
+        """The receiver's ack of the last chunk; TransferError if refused, broken or late."""
+        if not self._acked.wait(timeout):
+            raise TransferError(f"KV transfer not acknowledged within {timeout}s",
                                 retryable=True, code="DEADLINE_EXCEEDED")
-        if self._error is not None:
-            raise self._error
+        if isinstance(self._ack, TransferError):
+            raise self._ack
+        assert self._ack is not None
+        return self._ack
 
     def release(self) -> None:
-        """Every write has landed: tell the receiver, then end the call. Idempotent."""
+        """Every write has landed: tell the receiver. Idempotent."""
         with self._lock:
             if self._released:
                 return
             self._released = True
-        self._queue.put(kv_pb2.KvAttach(release=True))
-        self._queue.put(None)
+        self._control.send(kv_pb2.KvControl(request_id=self.request_id, release=True))
 
-    def _requests(self) -> Iterator[kv_pb2.KvAttach]:
+    def close(self) -> None:
+        """Stop listening (after the ack, or after a failure's release)."""
+        self._control.unregister(self)
+
+    def _answer(self, err: TransferError | None) -> bool:
+        with self._lock:
+            first, self._answered = not self._answered, True
+        if first:
+            self._on_answer(err)
+        return first
+
+    def _settle(self, ack: kv_pb2.PushAck | TransferError) -> None:
+        if not self._acked.is_set():
+            self._ack = ack
+            self._acked.set()
+
+    def deliver(self, event: kv_pb2.KvControlEvent) -> None:
+        """An event naming this request (the link's reader thread)."""
+        kind = event.WhichOneof("kind")
+        if kind == "attached":
+            self._answer(None)
+        elif kind == "forgotten":
+            if not self._released:
+                self._on_lost(TransferError("the decode worker dropped the request (aborted or lease expired)",
+                                            retryable=False, code="NOT_FOUND"))
+        elif kind == "ack":
+            self._settle(event.ack)
+        elif kind == "error":
+            err = error_from_status(_CODES.get(event.error.code, grpc.StatusCode.UNKNOWN), event.error.message)
+            if not self._answer(err):  # a refused chunk
+                self._settle(err)
+                self._on_lost(err)
+
+    def broken(self, err: TransferError) -> None:
+        """The stream broke (the receiver is gone, or the link was closed)."""
+        if not self._answer(err) and not self._released:
+            self._on_lost(err)
+        self._settle(err)
+
+
+class ControlLink:
+    """The sender's end of one Control stream: messages go through a queue to gRPC's request
+    thread, events come back on one reader thread and go to the WriterLink they name. A broken
+    stream fails every registered writer; `alive` is then False and the sender opens a new one."""
+
+    def __init__(self, stub: kv_pb2_grpc.KvTransferStub) -> None:
+        self._queue: queue.Queue[kv_pb2.KvControl | None] = queue.Queue()
+        self._writers: dict[str, WriterLink] = {}
+        self._lock = threading.Lock()
+        self.alive = True
+        self._call = stub.Control(self._requests())
+        threading.Thread(target=self._read, name="kv-control", daemon=True).start()
+
+    def register(self, writer: WriterLink) -> None:
+        with self._lock:
+            if not self.alive:
+                dead = True
+            else:
+                dead = False
+                self._writers[writer.request_id] = writer
+        if dead:
+            writer.broken(TransferError("KV control stream to the decode worker is down",
+                                        retryable=True, code="UNAVAILABLE"))
+
+    def unregister(self, writer: WriterLink) -> None:
+        with self._lock:
+            if self._writers.get(writer.request_id) is writer:
+                del self._writers[writer.request_id]
+
+    def send(self, msg: kv_pb2.KvControl) -> None:
+        self._queue.put(msg)
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._call.cancel()
+
+    def _requests(self) -> Iterator[kv_pb2.KvControl]:
         while (msg := self._queue.get()) is not None:
             yield msg
 
-    def _watch(self) -> None:
+    def _read(self) -> None:
+        err = TransferError("KV control stream ended", retryable=True, code="UNAVAILABLE")
         try:
             for event in self._call:
-                if event.attached:
-                    self._attached.set()
-                elif event.forgotten and not self._released:  # after release: nothing to stop
-                    self._on_lost(TransferError(
-                        "the decode worker dropped the request (aborted or lease expired)",
-                        retryable=False, code="NOT_FOUND"))
-        except grpc.RpcError as err:
-            mapped = error_from_status(err.code(), err.details() or "")
-            if not self._attached.is_set():
-                self._error = mapped
-            elif not self._released:
-                self._on_lost(mapped)
+                with self._lock:
+                    writer = self._writers.get(event.request_id)
+                if writer is not None:
+                    writer.deliver(event)
+        except grpc.RpcError as e:
+            err = error_from_status(e.code(), e.details() or "") if e.code() != grpc.StatusCode.CANCELLED else (
+                TransferError("KV control stream closed", retryable=True, code="UNAVAILABLE"))
         finally:
-            self._queue.put(None)  # release gRPC's request thread if the call ended early
-            self._attached.set()
+            self._queue.put(None)  # release gRPC's request thread
+            with self._lock:
+                self.alive = False
+                writers, self._writers = list(self._writers.values()), {}
+            for writer in writers:
+                writer.broken(err)

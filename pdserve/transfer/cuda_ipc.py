@@ -4,10 +4,11 @@ The decode worker exports its pool's CUDA IPC handle once, in the KvTransfer Han
 (`pool_export`, JSON: no pickle). The prefill worker maps it once per decode address and, per
 push, copies the request's blocks of one layer with one block-copy kernel on a dedicated
 stream that overlaps the following layers; the engine's stream waits for the copies after the
-last layer, so a later step cannot overwrite a source block before it was read. The KvTransfer Push stream carries only metadata KvChunks (no data; the
-decode side validates them against the reservation and counts bytes) and, after the copy
-stream is synchronised in finish(), the last chunk: the write is visible before the decode
-side marks the request complete and before finish() reports success.
+last layer, so a later step cannot overwrite a source block before it was read. Control
+messages (attach, the metadata summary of the writes, the last chunk, release) travel on one
+long-lived KvTransfer Control stream per decode worker; after the copy stream is synchronised
+(seal) the summary and the last chunk go out: the bytes are visible before the prefill worker
+answers, and the decode side counts them before it marks the request complete.
 
 No silent fallback: a pool not on CUDA, a peer in another PID namespace, a peer GPU not
 visible here, or a failing cudaIpcOpenMemHandle raise CudaIpcUnavailable with the reason.
@@ -17,7 +18,7 @@ moved on, so the decode side must not free a forgotten request's blocks on its o
 attaches to the reservation before its first copy; on failure, abort, or the receiver's
 `forgotten` event it stops queueing copies, synchronises the copy stream and only then
 releases; the decode side frees the blocks on that release (or a grace period after the
-sender's call broke).
+sender's Control stream broke).
 """
 
 from __future__ import annotations
@@ -33,14 +34,14 @@ import torch
 
 from pdserve.core.kv_layout import KvLayout
 from pdserve.proto import kv_pb2, kv_pb2_grpc
-from pdserve.transfer._attach import DirectWriteReceiver, WriterLink
+from pdserve.transfer._attach import ControlLink, DirectWriteReceiver, WriterLink
 from pdserve.transfer._wire import block_bytes, torch_dtype
 from pdserve.transfer.base import (
     KvTargetSpec, LayoutMismatch, TransferError, TransferState, layout_from_proto,
     layout_to_proto, mismatch_message,
 )
 from pdserve.transfer._handle import ChunkSendHandle
-from pdserve.transfer.tcp import PushCall, TcpKvSender, _rpc_error
+from pdserve.transfer.tcp import TcpKvSender, _rpc_error
 
 
 def _written(pool: torch.Tensor) -> torch.cuda.Event | None:
@@ -136,6 +137,7 @@ class CudaIpcKvSender(TcpKvSender):
     def __init__(self, layout: KvLayout, **kw: Any) -> None:
         super().__init__(layout, **kw)
         self._mapped: dict[str, torch.Tensor] = {}
+        self._links: dict[str, ControlLink] = {}  # one Control stream per decode worker
         self._copiers: dict[torch.device, CudaCopier] = {}  # one copy stream per device, shared
         self._copier_lock = threading.Lock()  # not _map_lock: _remote() calls _copier() under it
         self._map_lock = threading.Lock()
@@ -153,8 +155,16 @@ class CudaIpcKvSender(TcpKvSender):
             raise ValueError(f"target blocks outside the decode pool of {remote.shape[2]} blocks")
         copier = self._copier(kv_pool.device)
         copier.prepare(kv_pool, remote)
-        return _IpcSendHandle(target, kv_pool, self.layout, stub, self._call_timeout, remote,
+        return _IpcSendHandle(target, kv_pool, self.layout, self._control(target.address, stub), remote,
                               copier, self._handshake_timeout)
+
+    def _control(self, address: str, stub: kv_pb2_grpc.KvTransferStub) -> ControlLink:
+        """The Control stream to this decode worker, opened on first use and again after it broke."""
+        with self._map_lock:
+            link = self._links.get(address)
+            if link is None or not link.alive:
+                link = self._links[address] = ControlLink(stub)
+            return link
 
     def _copier(self, device: torch.device) -> CudaCopier:
         """The device's copier. One stream for every handle: a new stream per request would
@@ -165,8 +175,11 @@ class CudaIpcKvSender(TcpKvSender):
             return self._copiers[device]
 
     def close(self) -> None:
-        """Unmap the peers' pools and close the channels."""
+        """Close the Control streams, unmap the peers' pools and close the channels."""
         with self._map_lock:
+            for link in self._links.values():
+                link.close()
+            self._links.clear()
             self._mapped.clear()
         super().close()
 
@@ -291,79 +304,66 @@ class CudaCopier:
 
 
 class _IpcSendHandle(ChunkSendHandle):
-    """Attached writer: copies through a Copier; no data on the wire.
+    """Attached writer: copies through a Copier; no data on the wire, and no call of its own:
+    its messages travel on the sender's Control stream to the receiver (_attach.py).
 
     The engine thread never waits for the network before the pool's last layer: the first push
-    starts a thread that opens both calls (Attach, and the Push that carries the metadata) and
-    waits for the receiver's yes; the pushes made meanwhile are kept, each with an event
-    recorded on the engine's stream, and that thread queues their copies once attached (no
-    write before the yes). A push of the last layer, or of every layer at once, waits for the
-    yes if it has not come: the engine's stream then waits for every copy, so a later step
-    cannot reuse a source block before it was read. Each push's metadata is folded into a
-    summary (one KvChunk per run of layers over the same blocks, `num_layers`); seal()
-    synchronises the copier, sends the summary and the last chunk, and releases the writer;
-    finish() waits for the receiver's check and count (the ack). A failed or aborted handle
-    queues no further copy, synchronises the copier and then releases the reservation and ends
-    its calls (on its own thread: the sync may wait for a forward)."""
+    sends the attach and returns; the pushes made before the receiver's yes are kept, each with
+    an event recorded on the engine's stream, and queued when the yes arrives (no write before
+    it). A push of the last layer, or of every layer at once, waits for the yes if it has not
+    come: the engine's stream then waits for every copy, so a later step cannot reuse a source
+    block before it was read. Each push's metadata is folded into a summary (one KvChunk per
+    run of layers over the same blocks, `num_layers`); seal() synchronises the copier, sends the
+    summary and the last chunk, and releases the writer; finish() waits for the receiver's check
+    and count (the ack). A failed or aborted handle queues no further copy, synchronises the
+    copier and then releases the reservation (on its own thread: the sync may wait for a
+    forward)."""
 
     _all_layers_at_once = True
 
     def __init__(self, target: KvTargetSpec, kv_pool: torch.Tensor, layout: KvLayout,
-                 stub: kv_pb2_grpc.KvTransferStub, call_timeout: float, remote: torch.Tensor,
-                 copier: Copier, attach_timeout: float) -> None:
+                 control: ControlLink, remote: torch.Tensor, copier: Copier, attach_timeout: float) -> None:
         self._copy_lock = threading.Lock()  # held while a copy is queued; the release waits on it
         self._stopping = False
         self._link: WriterLink | None = None
-        self._link_ready = threading.Event()  # set once both calls are open (or failed to open)
         self._answered = threading.Event()  # set once the attach was answered (or failed)
+        self._sent = threading.Event()  # the attach is on the stream (a release must follow it)
         self._yes = False  # the receiver accepted this writer
         self._attached = False  # copies go to the copier at once (guarded by _copy_lock)
         self._kept: list[tuple[int | None, Sequence[int], Sequence[int], Any]] = []  # before the yes
         self._attach_timeout = attach_timeout
         super().__init__(target, kv_pool, layout, 1 << 30)
-        self._stub, self._call_timeout = stub, call_timeout
-        self._call: PushCall | None = None  # carries the summary and the last chunk
+        self._control = control
         self._remote = remote
         self._copier = copier
         self._block_bytes = block_bytes(layout)
         self._summary: list[kv_pb2.KvChunk] = []
         self._blocks: tuple[Sequence[int], int, Sequence[int]] | None = None  # last checked (src, offset, dst)
-        self._opening = False  # the attach thread runs or will never run (guarded by _lock)
+        self._opening = False  # the attach was sent or will never be (guarded by _lock)
 
     def _begin(self) -> None:
-        """Start the attach thread (once; never after a failure or abort)."""
+        """Send the attach (once; never after a failure or abort). Not under _copy_lock: the
+        answer may come at once (a stream already down) and takes it."""
         with self._lock:
             first = not self._opening and not self._state.final
             self._opening = True
-        if first:
-            threading.Thread(target=self._open_and_attach, name="kv-ipc-attach", daemon=True).start()
+            if first:
+                self._link = WriterLink(self._control, self._target.request_id, self._target.block_ids,
+                                        self._hash, on_answer=self._on_answer, on_lost=self._fail)
+        if not first:
+            return
+        try:
+            self._link.begin()
+        finally:
+            self._sent.set()
 
-    def _open_and_attach(self) -> None:
-        """Open Attach and Push (each call set-up costs a millisecond or so), wait for the yes,
-        then queue the kept copies."""
-        try:
-            link = WriterLink(self._stub, self._target.request_id, self._target.block_ids, self._hash,
-                              call_timeout=self._call_timeout, on_lost=self._fail)
-            link.begin()
-            self._link = link
-            call = PushCall(self._stub, self._call_timeout, _rpc_error, self._fail)
-            with self._lock:
-                self._call = call
-                final = self._state.final
-            if final:  # aborted or failed while the calls were being opened
-                call.cancel()
-        except Exception as err:  # noqa: BLE001 - a channel that cannot start a call
-            self._fail(TransferError(f"KV attach could not start: {err}", retryable=True, code="UNAVAILABLE"))
-        finally:
-            self._link_ready.set()
-        try:
-            if self._link is not None and self._call is not None:
-                self._link.wait_attached(self._attach_timeout)  # no write before the yes
-                self._yes = True
-        except TransferError as err:
+    def _on_answer(self, err: TransferError | None) -> None:
+        """The receiver's yes (None) or no; queue the kept copies, or drop them."""
+        if err is None:
+            self._yes = True
+        else:
             self._fail(err)
-        finally:
-            self._answered.set()
+        self._answered.set()
         with self._copy_lock:
             self._release_kept()
 
@@ -380,8 +380,8 @@ class _IpcSendHandle(ChunkSendHandle):
         self._attached = True
 
     def _await_attach(self) -> bool:
-        """Under _copy_lock: wait for the yes and queue the kept copies; False if refused."""
-        self._begin()
+        """Under _copy_lock, after _begin(): wait for the yes and queue the kept copies; False
+        if refused."""
         if not self._answered.wait(self._attach_timeout):
             self._fail(TransferError(f"KV attach not answered within {self._attach_timeout}s",
                                      retryable=True, code="DEADLINE_EXCEEDED"))
@@ -394,11 +394,12 @@ class _IpcSendHandle(ChunkSendHandle):
         if layer is not None and not 0 <= layer < num_layers:
             raise ValueError(f"layer {layer} out of range [0, {num_layers})")
         dst = self._checked(src_block_ids, dst_block_offset)
+        if not self._attached:
+            self._begin()
         with self._copy_lock:
             if self._state.final:  # failed or aborted: the release may already be under way
                 return []
             if not self._attached and layer is not None and layer < num_layers - 1:
-                self._begin()
                 self._kept.append((layer, src_block_ids, dst, _written(self._pool)))
             elif self._attached or self._await_attach():
                 self._copier.copy(self._remote, self._pool, layer, src_block_ids, dst)
@@ -444,25 +445,27 @@ class _IpcSendHandle(ChunkSendHandle):
     def _seal(self, last: kv_pb2.KvChunk, timeout: float) -> None:
         """Every copy landed (so the bytes are visible to the decode worker): send the summary
         and the last chunk, and release the writer; finish() waits for the ack."""
+        self._begin()  # nothing pushed (the decode side had every block): still attach
         with self._copy_lock:
-            attached = self._attached or self._await_attach()  # nothing pushed: still attach
+            attached = self._attached or self._await_attach()
         if not attached:
             raise self._error or TransferError("KV transfer failed", retryable=True, code="UNAVAILABLE")
         self._copier.synchronize()
-        for chunk in self._summary:
-            self._call.send(chunk)
-        self._call.close(last)
+        self._link.send_summary(self._summary, last)
         self._link.release()
 
     def _acknowledged(self, timeout: float) -> kv_pb2.PushAck:
-        return self._call.result(timeout)
+        try:
+            return self._link.wait_ack(timeout)
+        finally:
+            self._link.close()
 
     def _complete(self, last: kv_pb2.KvChunk, timeout: float) -> kv_pb2.PushAck:
         self._seal(last, timeout)
         return self._acknowledged(timeout)
 
     def _cancel(self) -> None:
-        pass  # abort() -> _stop_writing() ends the calls once queued copies landed
+        pass  # abort() -> _stop_writing() releases once queued copies landed
 
     def _fail(self, err: TransferError) -> None:
         super()._fail(err)
@@ -481,15 +484,12 @@ class _IpcSendHandle(ChunkSendHandle):
 
     def _drain_and_release(self) -> None:
         with self._lock:
-            opened, self._opening = self._opening, True  # from now on nothing opens
-        if not opened:  # no call, no writer, no copy: nothing to wait for
-            self._link_ready.set()
+            opened, self._opening = self._opening, True  # from now on nothing is sent
+        if not opened:  # no attach, no copy: nothing to wait for
             self._answered.set()
             return
-        self._link_ready.wait()
+        self._sent.wait()
         with self._copy_lock:  # a copy being queued right now goes in before the sync
             self._copier.synchronize()
-        if self._link is not None:
-            self._link.release()
-        if self._call is not None:
-            self._call.cancel()
+        self._link.release()
+        self._link.close()

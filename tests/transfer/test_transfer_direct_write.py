@@ -25,7 +25,7 @@ from pdserve.core.block_manager import BlockManager
 from pdserve.core.scheduler import Scheduler, SchedulerConfig
 from pdserve.proto import kv_pb2_grpc
 from pdserve.runtime.loop import EngineLoop
-from pdserve.transfer._attach import DirectWriteReceiver
+from pdserve.transfer._attach import ControlLink, DirectWriteReceiver
 from pdserve.transfer.base import KvTargetSpec, TransferError, TransferState
 from pdserve.transfer.cuda_ipc import _IpcSendHandle
 from pdserve.transfer.tcp import TCP_GRPC_OPTIONS
@@ -75,14 +75,15 @@ class Rig:
         self.server = AioServer(self.receiver)
         self.channel = grpc.insecure_channel(self.server.address, options=TCP_GRPC_OPTIONS)
         self.copier = QueuedCopier()
+        self.control = ControlLink(kv_pb2_grpc.KvTransferStub(self.channel))  # the sender's stream
         self.released = threading.Event()
         self.released_at = 0.0
 
     def handle(self, rid: str = "r1") -> _IpcSendHandle:
         target = KvTargetSpec(rid, tuple(DST), self.server.address, self.layout.compat_hash(),
                               "cuda_ipc")
-        return _IpcSendHandle(target, self.src, self.layout, kv_pb2_grpc.KvTransferStub(self.channel),
-                              30.0, self.dst, self.copier, attach_timeout=5.0)
+        return _IpcSendHandle(target, self.src, self.layout, self.control, self.dst, self.copier,
+                              attach_timeout=5.0)
 
     def reuse_blocks(self) -> None:
         """The decode engine's on_released: the blocks go back to the pool and get new data."""
@@ -92,6 +93,7 @@ class Rig:
 
     def close(self) -> None:
         self.copier.gate.set()
+        self.control.close()
         self.channel.close()
         self.server.stop()
 
@@ -199,7 +201,7 @@ def test_abort_before_the_first_push_opens_nothing_and_frees_at_once(rig: Rig) -
     assert rig.receiver.forget("r1", on_released=rig.reuse_blocks) is True
     assert rig.copier.queued == 0
     handle.push(0, SRC, 0)  # a no-op once aborted: still no call, no copy
-    assert rig.copier.queued == 0 and handle._call is None
+    assert rig.copier.queued == 0 and handle._link is None
 
 
 def test_lost_writer_is_released_after_the_grace(rig: Rig) -> None:
@@ -208,7 +210,7 @@ def test_lost_writer_is_released_after_the_grace(rig: Rig) -> None:
     handle = rig.handle()
     handle.push(0, SRC, 0)
     wait_until(lambda: rig.copier.queued == 1)  # attached
-    handle._link._call.cancel()  # the writer's connection breaks without a release
+    rig.control._call.cancel()  # the sender's stream breaks without a release (it died)
     wait_until(lambda: handle.state == TransferState.FAILED)
     t0 = time.monotonic()
     assert rig.receiver.forget("r1", on_released=rig.reuse_blocks) is False
@@ -258,8 +260,7 @@ def test_decode_engine_keeps_aborted_blocks_until_the_writer_released(rig: Rig) 
     reserved, cached = engine.reserve("r1", 4 * rig.layout.block_size)
     assert cached == 0
     target = KvTargetSpec("r1", tuple(reserved), rig.server.address, rig.layout.compat_hash(), "cuda_ipc")
-    handle = _IpcSendHandle(target, rig.src, rig.layout, kv_pb2_grpc.KvTransferStub(rig.channel),
-                            30.0, rig.dst, rig.copier, attach_timeout=5.0)
+    handle = _IpcSendHandle(target, rig.src, rig.layout, rig.control, rig.dst, rig.copier, attach_timeout=5.0)
     handle.push(0, SRC, 0)  # queued behind the closed gate once attached
     wait_until(lambda: rig.copier.queued == 1)
     free_before = blocks.num_free
@@ -353,8 +354,7 @@ def test_decode_start_waits_while_the_last_chunk_is_on_the_way(rig: Rig) -> None
     reserved, _ = engine.reserve("r1", 4 * rig.layout.block_size)
     engine.reserve("r2", rig.layout.block_size)
     target = KvTargetSpec("r1", tuple(reserved), rig.server.address, rig.layout.compat_hash(), "cuda_ipc")
-    handle = _IpcSendHandle(target, rig.src, rig.layout, kv_pb2_grpc.KvTransferStub(rig.channel),
-                            30.0, rig.dst, rig.copier, attach_timeout=5.0)
+    handle = _IpcSendHandle(target, rig.src, rig.layout, rig.control, rig.dst, rig.copier, attach_timeout=5.0)
 
     async def scenario() -> None:
         waiter = asyncio.ensure_future(servicer._kv_arrived("r1"))
@@ -371,3 +371,46 @@ def test_decode_start_waits_while_the_last_chunk_is_on_the_way(rig: Rig) -> None
 
     asyncio.run(scenario())
     assert torch.equal(rig.dst[:, :, reserved], rig.src[:, :, SRC])
+
+
+def test_requests_share_one_control_stream_and_fail_alone(rig: Rig) -> None:
+    """Every request between a sender and a receiver goes over one Control stream: one refused
+    request (forgotten before its attach) does not disturb another in flight on the stream."""
+    rig.copier.gate.set()
+    rig.receiver.expect("a", DST)
+    other = [1, 2, 4, 6]
+    rig.receiver.expect("b", other)
+    good = rig.handle("a")
+    target = KvTargetSpec("b", tuple(other), rig.server.address, rig.layout.compat_hash(), "cuda_ipc")
+    doomed = _IpcSendHandle(target, rig.src, rig.layout, rig.control, rig.dst, rig.copier, attach_timeout=5.0)
+    assert rig.receiver.forget("b") is True
+    for layer in range(rig.layout.num_layers):
+        good.push(layer, SRC, 0)
+        doomed.push(layer, SRC, 0)
+    with pytest.raises(TransferError) as info:
+        doomed.finish(timeout=5)
+    assert info.value.code == "NOT_FOUND"
+    assert good.finish(timeout=10).bytes == rig.receiver.received_bytes("a")
+    assert torch.equal(rig.dst[:, :, DST], rig.src[:, :, SRC])
+    assert bool((rig.dst[:, :, other] != rig.src[:, :, SRC]).all())  # nothing written for b
+    assert rig.control.alive
+
+
+def test_a_receiver_that_goes_away_fails_every_writer_on_its_stream(rig: Rig) -> None:
+    rig.copier.gate.set()
+    handles = []
+    for rid in ("x", "y"):
+        rig.receiver.expect(rid, DST if rid == "x" else [1, 2, 4, 6])
+        target = KvTargetSpec(rid, tuple(rig.receiver._reservations[rid].block_ids), rig.server.address,
+                              rig.layout.compat_hash(), "cuda_ipc")
+        handle = _IpcSendHandle(target, rig.src, rig.layout, rig.control, rig.dst, rig.copier, attach_timeout=5.0)
+        handle.push(0, SRC, 0)
+        handles.append(handle)
+    wait_until(lambda: rig.copier.queued == 2)  # both attached
+    rig.server.stop()
+    for handle in handles:
+        wait_until(lambda h=handle: h.state == TransferState.FAILED)
+        with pytest.raises(TransferError) as info:
+            handle.finish(timeout=5)
+        assert info.value.retryable
+    wait_until(lambda: not rig.control.alive)
