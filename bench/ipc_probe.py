@@ -210,7 +210,7 @@ def ttft_variants(n_tok: int = 2048, reps: int = 6) -> None:
         peer.ask(f"expect {rid} {n}")
         stub = kv_pb2_grpc.KvTransferStub(sender._channel(peer.address))
         handle = _IpcSendHandle(KvTargetSpec(rid, tuple(blocks), peer.address, layout.compat_hash(), ""),
-                                pool, layout, sender._control(peer.address, stub), remote, NullCopier(), 10.0)
+                                pool, layout, sender._peer(peer.address, stub)[1], remote, NullCopier(), 10.0)
         handles.append((rid, handle))
         return lambda layer: handle.push(layer, blocks, 0)
 

@@ -139,14 +139,14 @@ class CudaIpcKvSender(TcpKvSender):
         self._mapped: dict[str, torch.Tensor] = {}
         self._links: dict[str, ControlLink] = {}  # one Control stream per decode worker
         self._copiers: dict[torch.device, CudaCopier] = {}  # one copy stream per device, shared
-        self._copier_lock = threading.Lock()  # not _map_lock: _remote() calls _copier() under it
+        self._copier_lock = threading.Lock()
         self._map_lock = threading.Lock()
 
     def start(self, target: KvTargetSpec, kv_pool: torch.Tensor) -> _IpcSendHandle:
         if not kv_pool.is_cuda:
             raise CudaIpcUnavailable(f"cuda_ipc needs the KV pool on a CUDA device; it is on {kv_pool.device}")
         stub = kv_pb2_grpc.KvTransferStub(self._channel(target.address))
-        remote = self._remote(target.address, stub)
+        remote, link = self._peer(target.address, stub)
         if target.layout_hash != self.layout.compat_hash():
             raise LayoutMismatch(f"target names layout hash {target.layout_hash}, mine is "
                                  f"{self.layout.compat_hash()} [{self.layout.describe()}]")
@@ -155,16 +155,7 @@ class CudaIpcKvSender(TcpKvSender):
             raise ValueError(f"target blocks outside the decode pool of {remote.shape[2]} blocks")
         copier = self._copier(kv_pool.device)
         copier.prepare(kv_pool, remote)
-        return _IpcSendHandle(target, kv_pool, self.layout, self._control(target.address, stub), remote,
-                              copier, self._handshake_timeout)
-
-    def _control(self, address: str, stub: kv_pb2_grpc.KvTransferStub) -> ControlLink:
-        """The Control stream to this decode worker, opened on first use and again after it broke."""
-        with self._map_lock:
-            link = self._links.get(address)
-            if link is None or not link.alive:
-                link = self._links[address] = ControlLink(stub)
-            return link
+        return _IpcSendHandle(target, kv_pool, self.layout, link, remote, copier, self._handshake_timeout)
 
     def _copier(self, device: torch.device) -> CudaCopier:
         """The device's copier. One stream for every handle: a new stream per request would
@@ -183,10 +174,16 @@ class CudaIpcKvSender(TcpKvSender):
             self._mapped.clear()
         super().close()
 
-    def _remote(self, address: str, stub: kv_pb2_grpc.KvTransferStub) -> torch.Tensor:
+    def _peer(self, address: str, stub: kv_pb2_grpc.KvTransferStub) -> tuple[torch.Tensor, ControlLink]:
+        """The decode worker's mapped pool and its Control stream, made together on first use.
+        A stream that broke means the decode worker went away and may be a new process now:
+        its pool is handshaken and mapped again with the new stream (writing through the old
+        mapping would land in the dead process's memory, never in the new pool)."""
         with self._map_lock:
-            if address in self._mapped:
-                return self._mapped[address]
+            link = self._links.get(address)
+            if link is not None and link.alive and address in self._mapped:
+                return self._mapped[address], link
+            self._mapped.pop(address, None)
             try:
                 reply = stub.Handshake(layout_to_proto(self.layout), timeout=self._handshake_timeout)
             except grpc.RpcError as err:
@@ -194,9 +191,9 @@ class CudaIpcKvSender(TcpKvSender):
             peer = layout_from_proto(reply.layout)
             if peer.compat_hash() != self.layout.compat_hash():
                 raise LayoutMismatch(mismatch_message(self.layout, peer))
-            remote = map_pool(reply.pool_export, self.layout)
-            self._mapped[address] = remote
-            return remote
+            self._mapped[address] = map_pool(reply.pool_export, self.layout)
+            self._links[address] = ControlLink(stub)
+            return self._mapped[address], self._links[address]
 
 
 class Copier(Protocol):

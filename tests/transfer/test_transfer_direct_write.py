@@ -414,3 +414,36 @@ def test_a_receiver_that_goes_away_fails_every_writer_on_its_stream(rig: Rig) ->
             handle.finish(timeout=5)
         assert info.value.retryable
     wait_until(lambda: not rig.control.alive)
+
+
+def test_sender_maps_the_pool_again_after_its_control_stream_broke(rig: Rig, monkeypatch) -> None:
+    """The sender's bookkeeping (CUDA IPC itself needs a GPU: map_pool is replaced by a
+    counter): one handshake and mapping per decode worker while its Control stream lives; once
+    the stream broke (the worker went away, maybe restarted at the same address) the next
+    request handshakes and maps again instead of writing through the dead process's mapping."""
+    from pdserve.transfer import cuda_ipc
+
+    maps: list[torch.Tensor] = []
+
+    def fake_map(raw: bytes, layout) -> torch.Tensor:
+        maps.append(torch.empty(0))
+        return maps[-1]
+
+    monkeypatch.setattr(cuda_ipc, "map_pool", fake_map)
+    sender = cuda_ipc.CudaIpcKvSender(rig.layout)
+    try:
+        stub = kv_pb2_grpc.KvTransferStub(sender._channel(rig.server.address))
+        first, link = sender._peer(rig.server.address, stub)
+        again, same = sender._peer(rig.server.address, stub)
+        assert again is first and same is link and len(maps) == 1
+        link.close()
+        wait_until(lambda: not link.alive)
+        remapped, new_link = sender._peer(rig.server.address, stub)
+        assert len(maps) == 2 and remapped is maps[1] and new_link is not link and new_link.alive
+        rig.server.stop()  # the decode worker is gone for good: the handshake fails, retryable
+        wait_until(lambda: not new_link.alive)
+        with pytest.raises(TransferError) as info:
+            sender._peer(rig.server.address, stub)
+        assert info.value.retryable
+    finally:
+        sender.close()
