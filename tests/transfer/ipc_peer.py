@@ -4,6 +4,7 @@ prints its address, then answers commands on stdin:
   forget <rid> <b0,b1,...>  -> FORGET <freed at once>; when the blocks are released (at once or
                                later), they are reused (filled with REUSED) -> RELEASED <seconds held>
   reused <b0,b1,...>        -> REUSED <True if every value of those blocks is still REUSED>
+  expect <rid> <b0,b1,...>  -> EXPECTED (a new reservation)
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ def main() -> int:
             pool[:, :, ids] = REUSED  # the decode engine hands the blocks to another request
             torch.cuda.synchronize()
             print(f"RELEASED {time.monotonic() - t0:.3f}", flush=True)
+        elif cmd == "expect":
+            receiver.expect(args[0], _ids(args[1]))
+            print("EXPECTED", flush=True)
         elif cmd == "reused":
             torch.cuda.synchronize()
             print(f"REUSED {bool((pool[:, :, _ids(args[0])] == REUSED).all())}", flush=True)

@@ -118,3 +118,72 @@ def test_two_processes_one_gpu_round_trip() -> None:
     finally:
         proc.stdin.close()
         proc.wait(timeout=30)
+
+
+def _ids(ids) -> str:
+    return ",".join(map(str, ids))
+
+
+@pytest.mark.gpu
+def test_contract_over_cuda_ipc() -> None:
+    """The contract suite's points over cuda_ipc, prefill and decode as two processes on one
+    GPU: random block sets arrive intact; a mismatched layout is refused at connect naming both
+    layouts; an abort in every state leaves the decode side free to reuse every block (at once
+    when nothing was written, after the writer's release otherwise)."""
+    import random
+
+    from pdserve.transfer.base import LayoutMismatch
+
+    layout = make_layout("bfloat16")
+    proc = _peer()
+    try:
+        address = _reply(proc, "ADDRESS")[0]
+        src = random_pool(layout, 32).cuda()
+        sender = CudaIpcKvSender(layout)
+        rng = random.Random(3)
+        for i in range(3):  # random block sets: all layers at once for some, per layer for the rest
+            n = rng.randrange(1, 9)
+            src_ids, dst_ids = rng.sample(range(32), n), rng.sample(range(32), n)
+            _ask(proc, f"expect rand{i} {_ids(dst_ids)}", "EXPECTED")
+            handle = sender.start(KvTargetSpec(f"rand{i}", tuple(dst_ids), address, layout.compat_hash(),
+                                               "cuda_ipc"), src)
+            cut = rng.randrange(0, n + 1)
+            if cut:
+                handle.push_all_layers(src_ids[:cut], 0)
+            for layer in range(layout.num_layers):
+                if cut < n:
+                    handle.push(layer, src_ids[cut:], cut)
+            handle.finish(timeout=30)
+            expected = src[:, :, src_ids].float().cpu()
+            complete, total, absolute = _ask(proc, f"dump rand{i} {_ids(dst_ids)}", "STATE")
+            assert complete == "True"
+            assert float(total) == pytest.approx(expected.sum().item(), rel=1e-4, abs=1e-3)
+            assert float(absolute) == pytest.approx(expected.abs().sum().item(), rel=1e-4)
+            _ask(proc, f"forget rand{i} {_ids(dst_ids)}", "FORGET")
+            _reply(proc, "RELEASED")
+
+        other = CudaIpcKvSender(make_layout("bfloat16", num_layers=layout.num_layers + 1))
+        with pytest.raises(LayoutMismatch) as info:
+            other.start(KvTargetSpec("x", (0,), address, other.layout.compat_hash(), "cuda_ipc"), src)
+        assert "layers=3" in str(info.value) and "layers=4" in str(info.value)
+        other.close()
+
+        blocks = [1, 2, 4]
+        for state in ("pending", "sending", "sealed"):
+            rid = f"abort-{state}"
+            _ask(proc, f"expect {rid} {_ids(blocks)}", "EXPECTED")
+            handle = sender.start(KvTargetSpec(rid, tuple(blocks), address, layout.compat_hash(), "cuda_ipc"), src)
+            if state != "pending":
+                for layer in range(layout.num_layers):
+                    handle.push(layer, [5, 6, 7], 0)
+            if state == "sealed":
+                handle.seal(timeout=30)
+            handle.abort()
+            assert handle.state == TransferState.ABORTED
+            _ask(proc, f"forget {rid} {_ids(blocks)}", "FORGET")
+            assert float(_reply(proc, "RELEASED")[0]) < 6.0  # released by the writer, not the grace
+            assert _ask(proc, f"reused {_ids(blocks)}", "REUSED") == ["True"]  # nothing landed later
+        sender.close()
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)
