@@ -149,7 +149,7 @@ class ChunkSendHandle(SendHandle):
     def _seal(self, last: kv_pb2.KvChunk, timeout: float) -> None:
         """Make every pushed byte visible to the receiver and send `last`. Here the bytes are
         visible once the receiver wrote them, so this waits for the ack; a direct writer
-        (cuda_ipc) knows it sooner and overrides this with `_acknowledged`."""
+        (cuda_ipc) knows it sooner and overrides this and `_acknowledged`."""
         self._ack = self._complete(last, timeout)
 
     def _acknowledged(self, timeout: float) -> kv_pb2.PushAck:

@@ -115,73 +115,8 @@ class TcpKvSender(KvSender):
             self._peer_layouts.pop(address, None)
 
 
-class PushCall:
-    """One Push stream: chunks go through a queue to gRPC's request-consuming thread (send()
-    never waits on the network); finish() half-closes and waits for the PushAck. A call that
-    fails on its own is reported to `on_error`; errors map to TransferError with `map_error`."""
-
-    def __init__(
-        self,
-        stub: kv_pb2_grpc.KvTransferStub,
-        call_timeout: float,
-        map_error: Callable[[grpc.RpcError], TransferError],
-        on_error: Callable[[TransferError], None],
-        before_send: Callable[[kv_pb2.KvChunk], None] = lambda chunk: None,
-    ) -> None:
-        self._queue: queue.Queue[kv_pb2.KvChunk | None] = queue.Queue()
-        self._map_error, self._on_error, self._before_send = map_error, on_error, before_send
-        self._future = stub.Push.future(self._requests(), timeout=call_timeout)
-        self._future.add_done_callback(self._on_done)
-
-    def _requests(self) -> Iterator[kv_pb2.KvChunk]:
-        while (chunk := self._queue.get()) is not None:
-            self._before_send(chunk)
-            yield chunk
-
-    def _on_done(self, future: grpc.Future) -> None:
-        self._queue.put(None)  # release gRPC's request thread if the call ended early
-        if future.cancelled():
-            return
-        err = future.exception()
-        if isinstance(err, grpc.RpcError):
-            self._on_error(self._map_error(err))
-
-    def send(self, chunk: kv_pb2.KvChunk) -> None:
-        self._queue.put(chunk)
-
-    def finish(self, last: kv_pb2.KvChunk, timeout: float) -> kv_pb2.PushAck:
-        """Send `last`, half-close, and return the ack; TransferError on failure or timeout."""
-        self.close(last)
-        return self.result(timeout)
-
-    def close(self, last: kv_pb2.KvChunk) -> None:
-        """Send `last` and half-close (the iterator ends); result() then waits for the ack."""
-        self._queue.put(last)
-        self._queue.put(None)
-
-    def result(self, timeout: float) -> kv_pb2.PushAck:
-        """The ack of a closed call; TransferError on failure or timeout."""
-        try:
-            return self._future.result(timeout=timeout)
-        except grpc.FutureTimeoutError:
-            self._future.cancel()
-            raise TransferError(
-                f"KV transfer not acknowledged within {timeout}s",
-                retryable=True,
-                code="DEADLINE_EXCEEDED",
-            ) from None
-        except grpc.FutureCancelledError:
-            raise TransferError("KV transfer was cancelled", retryable=False, code="CANCELLED") from None
-        except grpc.RpcError as err:
-            raise self._map_error(err) from None
-
-    def cancel(self) -> None:
-        self._future.cancel()
-        self._queue.put(None)
-
-
 class _TcpSendHandle(ChunkSendHandle):
-    """Chunks with the bytes inline, on one PushCall opened at start."""
+    """One Push stream; chunks go through a queue to gRPC's request-consuming thread."""
 
     def __init__(
         self,
@@ -194,8 +129,23 @@ class _TcpSendHandle(ChunkSendHandle):
         on_mismatch: Callable[[], None],
     ) -> None:
         super().__init__(target, kv_pool, layout, chunk_bytes)
+        self._queue: queue.Queue[kv_pb2.KvChunk | None] = queue.Queue()
         self._on_mismatch = on_mismatch
-        self._call = PushCall(stub, call_timeout, self._map, self._fail, self._debug.before_send)
+        self._future = stub.Push.future(self._requests(), timeout=call_timeout)
+        self._future.add_done_callback(self._on_done)
+
+    def _requests(self) -> Iterator[kv_pb2.KvChunk]:
+        while (chunk := self._queue.get()) is not None:
+            self._debug.before_send(chunk)
+            yield chunk
+
+    def _on_done(self, future: grpc.Future) -> None:
+        self._queue.put(None)  # release gRPC's request thread if the call ended early
+        if future.cancelled():
+            return
+        err = future.exception()
+        if isinstance(err, grpc.RpcError):
+            self._fail(self._map(err))
 
     def _map(self, err: grpc.RpcError) -> TransferError:
         mapped = _rpc_error(err)
@@ -204,13 +154,28 @@ class _TcpSendHandle(ChunkSendHandle):
         return mapped
 
     def _send(self, chunk: kv_pb2.KvChunk) -> None:
-        self._call.send(chunk)
+        self._queue.put(chunk)
 
     def _complete(self, last: kv_pb2.KvChunk, timeout: float) -> kv_pb2.PushAck:
-        return self._call.finish(last, timeout)
+        self._queue.put(last)
+        self._queue.put(None)  # half-close: the iterator ends
+        try:
+            return self._future.result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            self._future.cancel()
+            raise TransferError(
+                f"KV transfer not acknowledged within {timeout}s",
+                retryable=True,
+                code="DEADLINE_EXCEEDED",
+            ) from None
+        except grpc.FutureCancelledError:
+            raise TransferError("KV transfer was cancelled", retryable=False, code="CANCELLED")
+        except grpc.RpcError as err:
+            raise self._map(err) from None
 
     def _cancel(self) -> None:
-        self._call.cancel()
+        self._future.cancel()
+        self._queue.put(None)
 
 
 class TcpKvReceiver(ReceiverCore, kv_pb2_grpc.KvTransferServicer):

@@ -79,11 +79,23 @@ class Rig:
         self.released = threading.Event()
         self.released_at = 0.0
 
-    def handle(self, rid: str = "r1") -> _IpcSendHandle:
-        target = KvTargetSpec(rid, tuple(DST), self.server.address, self.layout.compat_hash(),
+    def handle(self, rid: str = "r1", blocks: Sequence[int] = tuple(DST)) -> _IpcSendHandle:
+        target = KvTargetSpec(rid, tuple(blocks), self.server.address, self.layout.compat_hash(),
                               "cuda_ipc")
         return _IpcSendHandle(target, self.src, self.layout, self.control, self.dst, self.copier,
                               attach_timeout=5.0)
+
+    def hold_attach(self) -> threading.Event:
+        """The receiver answers attaches only once the returned event is set."""
+        answer = threading.Event()
+        attach = self.receiver.attach
+
+        def held(*args, **kw):
+            answer.wait(10)
+            return attach(*args, **kw)
+
+        self.receiver.attach = held
+        return answer
 
     def reuse_blocks(self) -> None:
         """The decode engine's on_released: the blocks go back to the pool and get new data."""
@@ -259,8 +271,7 @@ def test_decode_engine_keeps_aborted_blocks_until_the_writer_released(rig: Rig) 
     engine = DecodeEngine(loop, rig.receiver, eos_ids=(0,), lease_s=30.0)
     reserved, cached = engine.reserve("r1", 4 * rig.layout.block_size)
     assert cached == 0
-    target = KvTargetSpec("r1", tuple(reserved), rig.server.address, rig.layout.compat_hash(), "cuda_ipc")
-    handle = _IpcSendHandle(target, rig.src, rig.layout, rig.control, rig.dst, rig.copier, attach_timeout=5.0)
+    handle = rig.handle("r1", reserved)
     handle.push(0, SRC, 0)  # queued behind the closed gate once attached
     wait_until(lambda: rig.copier.queued == 1)
     free_before = blocks.num_free
@@ -278,14 +289,7 @@ def test_pushes_before_the_attach_answer_never_wait(rig: Rig) -> None:
     the yes, so the engine's stream can wait for every copy."""
     rig.receiver.expect("r1", DST)
     rig.copier.gate.set()
-    answer = threading.Event()
-    attach = rig.receiver.attach
-
-    def slow_attach(*args, **kw):  # the decode side is slow to answer
-        answer.wait(10)
-        return attach(*args, **kw)
-
-    rig.receiver.attach = slow_attach
+    answer = rig.hold_attach()  # the decode side is slow to answer
     handle = rig.handle()
     t0 = time.monotonic()
     for layer in range(rig.layout.num_layers - 1):
@@ -305,14 +309,7 @@ def test_pushes_before_the_attach_answer_never_wait(rig: Rig) -> None:
 def test_kept_pushes_are_dropped_when_the_attach_is_refused(rig: Rig) -> None:
     rig.receiver.expect("r1", DST)
     rig.copier.gate.set()
-    answer = threading.Event()
-    attach = rig.receiver.attach
-
-    def refused_attach(*args, **kw):
-        answer.wait(10)
-        return attach(*args, **kw)
-
-    rig.receiver.attach = refused_attach
+    answer = rig.hold_attach()
     handle = rig.handle()
     handle.push(0, SRC, 0)
     assert rig.receiver.forget("r1") is True  # no writer yet: freed at once
@@ -353,8 +350,7 @@ def test_decode_start_waits_while_the_last_chunk_is_on_the_way(rig: Rig) -> None
     servicer = DecodeServicer(engine, rig.layout, rig.server.address, "cuda_ipc", "tiny")
     reserved, _ = engine.reserve("r1", 4 * rig.layout.block_size)
     engine.reserve("r2", rig.layout.block_size)
-    target = KvTargetSpec("r1", tuple(reserved), rig.server.address, rig.layout.compat_hash(), "cuda_ipc")
-    handle = _IpcSendHandle(target, rig.src, rig.layout, rig.control, rig.dst, rig.copier, attach_timeout=5.0)
+    handle = rig.handle("r1", reserved)
 
     async def scenario() -> None:
         waiter = asyncio.ensure_future(servicer._kv_arrived("r1"))
@@ -381,8 +377,7 @@ def test_requests_share_one_control_stream_and_fail_alone(rig: Rig) -> None:
     other = [1, 2, 4, 6]
     rig.receiver.expect("b", other)
     good = rig.handle("a")
-    target = KvTargetSpec("b", tuple(other), rig.server.address, rig.layout.compat_hash(), "cuda_ipc")
-    doomed = _IpcSendHandle(target, rig.src, rig.layout, rig.control, rig.dst, rig.copier, attach_timeout=5.0)
+    doomed = rig.handle("b", other)
     assert rig.receiver.forget("b") is True
     for layer in range(rig.layout.num_layers):
         good.push(layer, SRC, 0)
@@ -400,10 +395,9 @@ def test_a_receiver_that_goes_away_fails_every_writer_on_its_stream(rig: Rig) ->
     rig.copier.gate.set()
     handles = []
     for rid in ("x", "y"):
-        rig.receiver.expect(rid, DST if rid == "x" else [1, 2, 4, 6])
-        target = KvTargetSpec(rid, tuple(rig.receiver._reservations[rid].block_ids), rig.server.address,
-                              rig.layout.compat_hash(), "cuda_ipc")
-        handle = _IpcSendHandle(target, rig.src, rig.layout, rig.control, rig.dst, rig.copier, attach_timeout=5.0)
+        blocks = DST if rid == "x" else [1, 2, 4, 6]
+        rig.receiver.expect(rid, blocks)
+        handle = rig.handle(rid, blocks)
         handle.push(0, SRC, 0)
         handles.append(handle)
     wait_until(lambda: rig.copier.queued == 2)  # both attached
