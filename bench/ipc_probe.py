@@ -8,6 +8,7 @@ block set (odd count) while the engine stream sleeps ~1 s (none may wait for it)
 
 from __future__ import annotations
 
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -271,8 +272,52 @@ def variant_times(runner, step, variants: dict, handles: list, peer: Peer, reps:
         for k, v in enqueued.items() if v), flush=True)
 
 
+def event_ms(fn, reps: int = 20) -> float:
+    """Median device milliseconds of fn (CUDA events around each call, after 3 warm-ups)."""
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def copy_variants() -> None:
+    """Device-timed (events) GB/s of the all-layers block copy local->peer (8k tokens of the
+    Llama-3.1-8B layout) per kernel shape, beside a same-device copy_ of as many bytes."""
+    layout, n, dev = LLAMA_8B, 512, torch.device("cuda")
+    peer = Peer("cuda_ipc", layout, n, "cuda")
+    sender = make_sender("cuda_ipc", layout)
+    pool = pool_for(layout, n, dev)
+    nbytes = pool.numel() * pool.element_size()
+    peer.ask(f"expect c {n}")
+    handle = sender.start(KvTargetSpec("c", tuple(range(n)), peer.address, layout.compat_hash(), ""), pool)
+    remote = sender._mapped[peer.address]
+    ids = torch.arange(n, dtype=torch.int32, device=dev)
+    flat = pool.view(-1)
+    other = torch.empty_like(flat)
+    ms = event_ms(lambda: other.copy_(flat))
+    print(f"copy_ of {nbytes / 2**20:.0f} MiB: {ms:.3f} ms {nbytes / ms / 1e6:.1f} GB/s (bytes once)", flush=True)
+    for words in (1024, 2048, 4096, 8192):
+        for warps in (4, 8, 16):
+            plan = PoolCopy(pool, remote, words_per_program=words, num_warps=warps)
+            t = event_ms(lambda: plan(ids, ids))
+            print(f"PoolCopy words {words:5d} warps {warps:2d}: {t:.3f} ms {nbytes / t / 1e6:7.1f} GB/s"
+                  f" ({ms / t:.3f} of copy_)", flush=True)
+    handle.abort()
+    sender.close()
+    peer.close()
+
+
 if __name__ == "__main__":
     if sys.argv[1:] == ["variants"]:
         ttft_variants()
+    elif sys.argv[1:] == ["copy"]:
+        copy_variants()
     else:
         main()

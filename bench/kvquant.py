@@ -141,19 +141,21 @@ def timed_generate(runner: ModelRunner, prompts, params, cfg, verifier=None) -> 
     return time.perf_counter() - t0, stats
 
 
-def ngram(runner: ModelRunner, prompts, params, verifier, reps: int = 3) -> tuple[float, float]:
-    """(plain seconds / speculative seconds, acceptance rate): medians of `reps` alternating runs
+def ngram(runner: ModelRunner, prompts, params, verifier, reps: int = 3) -> tuple[float, float, int]:
+    """(plain seconds / speculative seconds, acceptance rate, verify steps that carried drafts):
+    medians of `reps` alternating runs
     after one warm-up of each mode on the same prompts (a first run at a new batch size compiles
     kernels and captures graphs: timed, it made the baseline look slow)."""
     timed_generate(runner, prompts, params, None, verifier)
     timed_generate(runner, prompts, params, NGRAM, verifier)
-    plain, spec, acc = [], [], []
+    plain, spec, acc, steps = [], [], [], []
     for _ in range(reps):
         plain.append(timed_generate(runner, prompts, params, None, verifier)[0])
         seconds, stats = timed_generate(runner, prompts, params, NGRAM, verifier)
         spec.append(seconds)
         acc.append(stats.acceptance_rate)
-    return statistics.median(plain) / statistics.median(spec), statistics.median(acc)
+        steps.append(stats.steps)
+    return statistics.median(plain) / statistics.median(spec), statistics.median(acc), int(statistics.median(steps))
 
 
 def text_lookup_prompts(model_dir: str, n: int) -> list[list[int]]:
@@ -181,12 +183,15 @@ def ngram_results() -> dict:
            "ngram_verify_graphs": verifier.graphs is not None}
     for bs in (1, 32):
         prompts = text_lookup_prompts(model_dir, bs) if model_dir else lookup_prompts(bs, spec.vocab_size)
-        speed, acc = ngram(runner, prompts, greedy, verifier)
+        speed, acc, steps = ngram(runner, prompts, greedy, verifier)
         out[f"ngram_speedup_bs{bs}"], out[f"ngram_acceptance_bs{bs}"] = speed, acc
+        out[f"ngram_verify_steps_bs{bs}"] = steps
     rng = random.Random(2)
     rand = [[rng.randrange(spec.vocab_size) for _ in range(256)] for _ in range(8)]
-    speed, acc = ngram(runner, rand, SamplingParams(temperature=1.0, max_tokens=128, ignore_eos=True), verifier)
+    speed, acc, steps = ngram(runner, rand, SamplingParams(temperature=1.0, max_tokens=128, ignore_eos=True),
+                              verifier)
     out["ngram_slowdown_random"], out["ngram_acceptance_random"] = 1.0 / speed - 1.0, acc
+    out["ngram_verify_steps_random"] = steps  # of 128 decode steps
     free(runner)
     return out
 

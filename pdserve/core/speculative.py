@@ -20,6 +20,7 @@ from typing import Any
 _MAX_CANDIDATES = 64  # most recent occurrences of the last token examined per proposal
 _BATCH_MIN_ACCEPTANCE = 0.25  # a verify step whose drafts were accepted less than this is a miss
 _BATCH_MAX_PAUSE = 256  # steps
+_BATCH_GROWTH = 4  # a failed probe multiplies the next pause by this
 _MAX_DRAFTS = 32
 _FLAG = "--speculative-config"
 
@@ -173,9 +174,11 @@ class NgramProposer:
 class BatchGate:
     """Speculation on or off for a whole step. A verify step costs every sequence in the batch
     more than a decode step, so a batch whose verify steps accept under a quarter of their
-    drafts stops drafting for a pause that doubles (1, 2, 4 ... 256 steps) while the probes
-    after each pause keep failing; a verify step above the bar halves the next pause. Steps
-    without drafts teach nothing and are not counted."""
+    drafts stops drafting for a pause that grows fourfold (1, 4, 16, 64, 256 steps) while the
+    probes after each pause keep failing (five probes reach the longest pause: on text the
+    lookup cannot predict, each probe is a verify step of the whole batch for nothing); a
+    verify step above the bar halves the next pause. Steps without drafts teach nothing and
+    are not counted."""
 
     _pause: int = 0
     _next_pause: int = 1
@@ -195,4 +198,4 @@ class BatchGate:
             self._next_pause = max(1, self._next_pause // 2)  # does not undo the back-off
             return
         self._pause = self._next_pause
-        self._next_pause = min(2 * self._next_pause, _BATCH_MAX_PAUSE)
+        self._next_pause = min(_BATCH_GROWTH * self._next_pause, _BATCH_MAX_PAUSE)

@@ -253,6 +253,10 @@ class CudaCopier:
         if after is None and (layer is None or layer == src.shape[0] - 1):
             current.wait_stream(self._stream)
 
+    @property
+    def stream(self) -> torch.cuda.Stream:
+        return self._stream
+
     def _plan(self, src: torch.Tensor, dst: torch.Tensor) -> Any:
         plan = self._plans.get((src.data_ptr(), dst.data_ptr()))
         if plan is None:  # a pair start() did not prepare
@@ -430,6 +434,11 @@ class _IpcSendHandle(ChunkSendHandle):
             prev.num_layers += chunk.num_layers
         else:
             self._summary.append(chunk)
+
+    @property
+    def copy_stream(self) -> torch.cuda.Stream | None:
+        """The stream the copies run on, None for a copier without one (benchmarks time it)."""
+        return getattr(self._copier, "stream", None)
 
     def drain(self) -> None:
         """Block until every push so far has landed (benchmarks; seal() does it too), kept

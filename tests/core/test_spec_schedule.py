@@ -100,7 +100,7 @@ def workload(params: SamplingParams, n: int = 6) -> list[Sequence]:
 
 
 def test_greedy_outputs_equal_plain_and_fewer_steps() -> None:
-    params = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=120, ignore_eos=True)
     plain, _, plain_steps, _ = run_all(*make(False), workload(params))
     sched, runner = make(True)
     spec, _, spec_steps, _ = run_all(sched, runner, workload(params))
@@ -212,24 +212,24 @@ def test_speculative_config_as_vllm() -> None:
     assert SpeculativeConfig.parse("") is None
 
 
-def test_batch_gate_pauses_doubling_and_resets() -> None:
+def test_batch_gate_pauses_growing_and_resets() -> None:
     gate = BatchGate()
     assert gate.allow()
     gate.record(0, 0)  # a step without drafts teaches nothing
     assert gate.allow()
     paused = []
-    for _ in range(4):  # each failing probe doubles the pause: 1, 2, 4, 8 steps
+    for _ in range(4):  # each failing probe makes the pause four times longer: 1, 4, 16, 64 steps
         gate.record(8, 1)
         n = 0
         while not gate.allow():
             n += 1
         paused.append(n)
-    assert paused == [1, 2, 4, 8]
-    gate.record(8, 2)  # a quarter accepted: no pause, and the next one is halved (16 -> 8)
+    assert paused == [1, 4, 16, 64]
+    gate.record(8, 2)  # a quarter accepted: no pause, and the next one is halved (256 -> 128)
     assert gate.allow()
     gate.record(8, 0)
-    assert [gate.allow() for _ in range(9)] == [False] * 8 + [True]
-    for _ in range(6):  # good steps bring the pause down to one step
+    assert [gate.allow() for _ in range(129)] == [False] * 128 + [True]
+    for _ in range(9):  # good steps bring the pause down to one step
         gate.record(8, 8)
     gate.record(8, 0)
     assert [gate.allow() for _ in range(2)] == [False, True]
