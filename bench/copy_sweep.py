@@ -1,4 +1,4 @@
-"""Tile sweep of the block-copy kernel (kernels/copy_blocks.PoolCopy), every layer in one launch,
+"""Tile sweep of the block-copy kernel (pdserve/kernels/copy_blocks.PoolCopy), every layer in one launch,
 on an 8k-token Llama-3.1-8B-layout pool (1 GiB), against a plain device copy of the same bytes.
 
     python bench/copy_sweep.py [--out FILE]   (CUDA)
@@ -18,7 +18,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from transfer import LLAMA_8B, pool_for  # noqa: E402
 
-from kernels.copy_blocks import PoolCopy  # noqa: E402
+from pdserve.kernels.copy_blocks import PoolCopy  # noqa: E402
 
 
 def median_s(fn, reps: int = 20) -> float:

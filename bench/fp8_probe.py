@@ -1,6 +1,6 @@
 """Where the fp8 paged decode attention spends its time (diagnostic, CUDA only).
 
-`python bench/fp8_probe.py` times a stripped copy of kernels/decode_attention.py's kernel (no
+`python bench/fp8_probe.py` times a stripped copy of pdserve/kernels/decode_attention.py's kernel (no
 split-K: one program per sequence and KV head over the whole context) over an fp8 pool of the
 Llama-3.1-8B head shape with switches: K loaded [N, D] then transposed (KT), the query quantized
 to fp8 and QK done as an fp8 dot (QK8), the scales skipped (NOSCALE: wrong results, speed only),
@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 from triton.testing import do_bench
 
-from kernels.decode_attention import decode_with_partitions
+from pdserve.kernels.decode_attention import decode_with_partitions
 from pdserve.model.spec import ModelSpec
 from pdserve.runtime.kv_quant import allocate_quant_pool, layer_views
 

@@ -18,7 +18,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from transfer import LLAMA_8B, KvTargetSpec, Peer, make_sender, pool_for  # noqa: E402
 
-from kernels.copy_blocks import PoolCopy  # noqa: E402
+from pdserve.kernels.copy_blocks import PoolCopy  # noqa: E402
 
 
 def timed(label: str, fn) -> float:

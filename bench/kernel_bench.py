@@ -19,8 +19,8 @@ import torch
 import triton
 from triton.testing import do_bench
 
-from kernels.decode_attention import decode_with_partitions, default_partition_size, paged_decode_attention
-from kernels.prefill_attention import paged_prefill_attention
+from pdserve.kernels.decode_attention import decode_with_partitions, default_partition_size, paged_decode_attention
+from pdserve.kernels.prefill_attention import paged_prefill_attention
 
 HQ, HK, D, S = 32, 8, 128, 16
 DTYPE = torch.bfloat16

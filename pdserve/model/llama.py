@@ -2,7 +2,7 @@
 
 Functional over a dict of weights in our own names (see `weight_shapes`): q/k/v and gate/up
 are fused so each layer runs two matmuls fewer. Every op goes through `ops`, a namespace with
-the functions of `kernels.reference` (CPU) or `kernels.triton_ops` (CUDA).
+the functions of `pdserve.kernels.reference` (CPU) or `pdserve.kernels.triton_ops` (CUDA).
 """
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ from pdserve.runtime.staging import HostStager, check_block_ids, flat_slot_mappi
 
 
 def default_ops(device: str | torch.device) -> ModuleType:
-    """kernels.reference on CPU, kernels.triton_ops on CUDA (same function names)."""
-    name = "kernels.triton_ops" if torch.device(device).type == "cuda" else "kernels.reference"
+    """pdserve.kernels.reference on CPU, pdserve.kernels.triton_ops on CUDA (same function names)."""
+    name = "pdserve.kernels.triton_ops" if torch.device(device).type == "cuda" else "pdserve.kernels.reference"
     return importlib.import_module(name)
 
 

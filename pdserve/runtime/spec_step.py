@@ -2,7 +2,7 @@
 
 Slices with drafts (`SeqSlice.num_drafts`) go through the runner's varlen (prefill-style)
 attention, which already attends several query tokens per sequence over the paged cache
-(kernels.reference on CPU, the Triton prefill kernel on CUDA); logits are computed only for
+(pdserve.kernels.reference on CPU, the Triton prefill kernel on CUDA); logits are computed only for
 each sampled slice's last 1 + num_drafts positions and verified per sequence
 (runtime/spec_verify.py). Slices without drafts are sampled in the same forward. KV written
 for rejected drafts lies past the sequence's new length and is overwritten when those

@@ -213,7 +213,7 @@ _ID_ALIGN = 4  # int32s per 16 bytes: both id rows start 16-byte aligned (one ke
 
 
 class CudaCopier:
-    """One block-copy kernel per push (kernels/copy_blocks.py) on a dedicated stream, ordered
+    """One block-copy kernel per push (pdserve/kernels/copy_blocks.py) on a dedicated stream, ordered
     after the engine's stream (the layer was written there). The engine's stream waits for the
     copies only after the pool's last layer (or all layers at once) was pushed: the copies
     overlap the next layers' compute, and no later kernel (a reuse of the source blocks by the
@@ -224,7 +224,7 @@ class CudaCopier:
     loaded: a module load waits for the whole device) by warm_up."""
 
     def __init__(self, device: torch.device) -> None:
-        from kernels.copy_blocks import PoolCopy  # Triton: imported only where CUDA runs
+        from pdserve.kernels.copy_blocks import PoolCopy  # Triton: imported only where CUDA runs
 
         self._pool_copy = PoolCopy
         self._device = device

@@ -16,13 +16,13 @@ from triton.compiler import ASTSource
 
 assert os.environ.get("TRITON_INTERPRET", "0") != "1", "run with TRITON_INTERPRET unset"
 
-from kernels.decode_attention import _decode_kernel, _merge_kernel  # noqa: E402
-from kernels.prefill_attention import _prefill_kernel  # noqa: E402
-from kernels.rms_norm import _rms_norm_kernel  # noqa: E402
-from kernels.copy_blocks import _copy_blocks_kernel  # noqa: E402
-from kernels.rotary import _rotary_kernel  # noqa: E402
-from kernels.silu_and_mul import _silu_and_mul_kernel  # noqa: E402
-from kernels.write_kv import _write_kv_kernel  # noqa: E402
+from pdserve.kernels.decode_attention import _decode_kernel, _merge_kernel  # noqa: E402
+from pdserve.kernels.prefill_attention import _prefill_kernel  # noqa: E402
+from pdserve.kernels.rms_norm import _rms_norm_kernel  # noqa: E402
+from pdserve.kernels.copy_blocks import _copy_blocks_kernel  # noqa: E402
+from pdserve.kernels.rotary import _rotary_kernel  # noqa: E402
+from pdserve.kernels.silu_and_mul import _silu_and_mul_kernel  # noqa: E402
+from pdserve.kernels.write_kv import _write_kv_kernel  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 FLOATS = ("eps", "scale_log2")

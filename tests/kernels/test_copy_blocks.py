@@ -9,8 +9,8 @@ pytest.importorskip("triton")
 
 from kernel_helpers import DEVICE  # noqa: E402
 
-from kernels import reference  # noqa: E402
-from kernels.copy_blocks import PoolCopy, copy_blocks  # noqa: E402
+from pdserve.kernels import reference  # noqa: E402
+from pdserve.kernels.copy_blocks import PoolCopy, copy_blocks  # noqa: E402
 
 
 def _pool(blocks: int, row: int, dtype: torch.dtype) -> torch.Tensor:

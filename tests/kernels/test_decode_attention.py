@@ -9,8 +9,8 @@ pytest.importorskip("triton")
 
 from kernel_helpers import DEVICE, DTYPES, assert_close, make_block_tables, make_pool  # noqa: E402
 
-from kernels import reference  # noqa: E402
-from kernels.decode_attention import decode_with_partitions, paged_decode_attention  # noqa: E402
+from pdserve.kernels import reference  # noqa: E402
+from pdserve.kernels.decode_attention import decode_with_partitions, paged_decode_attention  # noqa: E402
 
 SEQ_LENS = [1, 15, 16, 17, 100]
 BLOCK = 16
@@ -53,7 +53,7 @@ def test_decode_rejects_int64_block_tables() -> None:
 
 
 def test_default_partition_splits_only_when_the_grid_is_small() -> None:
-    from kernels.decode_attention import default_partition_size
+    from pdserve.kernels.decode_attention import default_partition_size
 
     assert default_partition_size(1, 1, 8192, DEVICE) == 256  # one long sequence: max split
     assert default_partition_size(1024, 8, 4096, DEVICE) == 4096  # big batch: no split

@@ -9,10 +9,10 @@ pytest.importorskip("triton")
 
 from kernel_helpers import DEVICE, DTYPES, assert_close, make_block_tables  # noqa: E402
 
-from kernels import reference  # noqa: E402
-from kernels.decode_attention import decode_with_partitions, paged_decode_attention  # noqa: E402
-from kernels.prefill_attention import paged_prefill_attention  # noqa: E402
-from kernels.write_kv import write_kv  # noqa: E402
+from pdserve.kernels import reference  # noqa: E402
+from pdserve.kernels.decode_attention import decode_with_partitions, paged_decode_attention  # noqa: E402
+from pdserve.kernels.prefill_attention import paged_prefill_attention  # noqa: E402
+from pdserve.kernels.write_kv import write_kv  # noqa: E402
 from pdserve.runtime.kv_quant import SCALE_BYTES, layer_views  # noqa: E402
 
 QDTYPES = [pytest.param(torch.float8_e4m3fn, id="fp8"), pytest.param(torch.int8, id="int8")]

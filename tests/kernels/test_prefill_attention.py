@@ -9,8 +9,8 @@ pytest.importorskip("triton")
 
 from kernel_helpers import DEVICE, DTYPES, assert_close, make_block_tables, make_pool  # noqa: E402
 
-from kernels import reference  # noqa: E402
-from kernels.prefill_attention import paged_prefill_attention, prefill_with_tiles  # noqa: E402
+from pdserve.kernels import reference  # noqa: E402
+from pdserve.kernels.prefill_attention import paged_prefill_attention, prefill_with_tiles  # noqa: E402
 
 BLOCK = 16
 # (seq_len, new tokens): full prompts of 1, 15, 16 tokens; 17 new after a cached 16-token

@@ -9,8 +9,8 @@ pytest.importorskip("triton")
 
 from kernel_helpers import DEVICE, DTYPES, assert_close  # noqa: E402
 
-from kernels import reference  # noqa: E402
-from kernels.rotary import rotary  # noqa: E402
+from pdserve.kernels import reference  # noqa: E402
+from pdserve.kernels.rotary import rotary  # noqa: E402
 
 LLAMA31 = {
     "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,

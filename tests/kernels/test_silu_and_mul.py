@@ -9,8 +9,8 @@ pytest.importorskip("triton")
 
 from kernel_helpers import DEVICE, DTYPES, assert_close  # noqa: E402
 
-from kernels import reference  # noqa: E402
-from kernels.silu_and_mul import silu_and_mul  # noqa: E402
+from pdserve.kernels import reference  # noqa: E402
+from pdserve.kernels.silu_and_mul import silu_and_mul  # noqa: E402
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

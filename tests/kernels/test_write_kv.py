@@ -9,8 +9,8 @@ pytest.importorskip("triton")
 
 from kernel_helpers import DEVICE, DTYPES, make_pool  # noqa: E402
 
-from kernels import reference  # noqa: E402
-from kernels.write_kv import write_kv  # noqa: E402
+from pdserve.kernels import reference  # noqa: E402
+from pdserve.kernels.write_kv import write_kv  # noqa: E402
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -1,7 +1,7 @@
 """The serving decode path with speculation, in process: Scheduler + DraftPlanner + SpeculativeRunner.
 
 Greedy tokens equal the same scheduler without speculation, with chunked prefills mixed into
-verify steps and a pool small enough to preempt; once with kernels.reference and once with
+verify steps and a pool small enough to preempt; once with pdserve.kernels.reference and once with
 the Triton kernels (interpreter on CPU: the varlen prefill kernel serves the 1 + k queries).
 """
 
@@ -77,7 +77,7 @@ def test_greedy_equals_plain_triton_interpreter() -> None:
     pytest.importorskip("triton")
     root = Path(__file__).resolve().parents[2]
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=f"{root}{os.pathsep}{root / 'tests'}")
-    code = "from runtime.test_spec_serving import check_greedy; check_greedy('kernels.triton_ops', (64,), 10); print('ok')"
+    code = "from runtime.test_spec_serving import check_greedy; check_greedy('pdserve.kernels.triton_ops', (64,), 10); print('ok')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                          cwd=root / "tests", timeout=600)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]

@@ -9,9 +9,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import FLOAT_DTYPES, INDEX_DTYPES, check_cache, check_device, check_dim
-from kernels._common import check_dtype, check_last_contiguous, check_scales, next_pow2
-from kernels.reference import QUANT_MAX
+from pdserve.kernels._common import FLOAT_DTYPES, INDEX_DTYPES, check_cache, check_device, check_dim
+from pdserve.kernels._common import check_dtype, check_last_contiguous, check_scales, next_pow2
+from pdserve.kernels.reference import QUANT_MAX
 
 
 @triton.jit

@@ -6,8 +6,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import FLOAT_DTYPES, check_device, check_dim, check_dtype
-from kernels._common import check_last_contiguous, next_pow2
+from pdserve.kernels._common import FLOAT_DTYPES, check_device, check_dim, check_dtype
+from pdserve.kernels._common import check_last_contiguous, next_pow2
 
 
 @triton.jit

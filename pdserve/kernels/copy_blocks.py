@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import INDEX_DTYPES, check_device
+from pdserve.kernels._common import INDEX_DTYPES, check_device
 
 _WORDS = 1024  # 32-bit words per program (4 KiB): best of 1-8 Ki words x 4-16 warps on an H200 (bench/ipc_probe.py copy)
 _ID_ROW = 4  # int32 ids per 16 bytes: callers keep id vectors 16-byte aligned (one kernel variant)

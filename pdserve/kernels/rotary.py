@@ -11,9 +11,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import FLOAT_DTYPES, INDEX_DTYPES, check_device, check_dim, check_dtype
-from kernels._common import check_last_contiguous, next_pow2
-from kernels.reference import rope_cos_sin
+from pdserve.kernels._common import FLOAT_DTYPES, INDEX_DTYPES, check_device, check_dim, check_dtype
+from pdserve.kernels._common import check_last_contiguous, next_pow2
+from pdserve.kernels.reference import rope_cos_sin
 
 __all__ = ["rope_cos_sin", "rotary"]
 

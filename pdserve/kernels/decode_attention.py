@@ -16,10 +16,10 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._attention import attend_tile, paged_offsets, query_for
-from kernels._common import check_attention_inputs, check_device, check_dim, check_dtype
-from kernels._common import check_scales
-from kernels._common import dot_precision, interpreting, next_pow2, num_sms
+from pdserve.kernels._attention import attend_tile, paged_offsets, query_for
+from pdserve.kernels._common import check_attention_inputs, check_device, check_dim, check_dtype
+from pdserve.kernels._common import check_scales
+from pdserve.kernels._common import dot_precision, interpreting, next_pow2, num_sms
 
 _MIN_PARTITION = 256
 _PROGRAMS_PER_SM = 8

@@ -29,7 +29,7 @@ def check_device(**tensors: torch.Tensor) -> torch.device:
         assert dev == first, f"{name} is on {dev}, expected {first} like the other inputs"
     if not interpreting():
         assert first.type == "cuda", (
-            f"Triton kernels need CUDA tensors (got {first}); use kernels.reference on CPU "
+            f"Triton kernels need CUDA tensors (got {first}); use pdserve.kernels.reference on CPU "
             "or set TRITON_INTERPRET=1"
         )
     return first
