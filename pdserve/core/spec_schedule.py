@@ -12,9 +12,13 @@ rejected drafts used.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 from pdserve.core.block_manager import BlockManager
 from pdserve.core.request import Sequence
-from pdserve.core.speculative import BatchGate, NgramProposer, SpecStats, SpeculativeConfig
+from pdserve.core.spec_gate import BatchGate
+from pdserve.core.speculative import NgramProposer, SpecStats, SpeculativeConfig
 
 
 def draft_limit(seq: Sequence, k: int, max_model_len: int) -> int:
@@ -29,21 +33,23 @@ def draft_limit(seq: Sequence, k: int, max_model_len: int) -> int:
 class DraftPlanner:
     """Per-sequence n-gram proposers of one scheduler, and the worker's acceptance counters."""
 
-    def __init__(self, cfg: SpeculativeConfig, max_model_len: int) -> None:
+    def __init__(self, cfg: SpeculativeConfig, max_model_len: int,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.cfg = cfg
         self.max_model_len = max_model_len
         self.stats = SpecStats()
         self._props: dict[str, NgramProposer] = {}
-        self._gate = BatchGate()
+        self._gate = BatchGate(clock)  # clock: step costs (tests pass a deterministic one)
         self._drafting = True  # this step may carry drafts (the gate's answer)
         self._step = [0, 0]  # drafts proposed and accepted by the verify results since the last step
 
-    def begin_step(self) -> None:
-        """Called by the scheduler before each step: feed the gate the verify results recorded
-        since the last call, and ask it whether this step drafts."""
+    def begin_step(self, batch: int) -> None:
+        """Called by the scheduler before each step of `batch` running sequences: feed the
+        gate the verify results recorded since the last call, and ask it whether this step
+        drafts."""
         self._gate.record(*self._step)
         self._step = [0, 0]
-        self._drafting = self._gate.allow()
+        self._drafting = self._gate.allow(batch)
 
     def drafts(self, seq: Sequence, budget: int, blocks: BlockManager, reserve: int) -> tuple[int, ...]:
         """Drafts to verify after seq's last token (blocks already cover len(seq) tokens).

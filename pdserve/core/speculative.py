@@ -5,9 +5,9 @@
 earlier in its prompt or output proposes the K tokens that followed that occurrence; the runner
 verifies them in one forward (runtime/spec_verify.py). A sequence whose drafts keep missing
 stops proposing for a while, doubling the pause each time, so text the lookup cannot predict
-costs (almost) nothing. A verify step also costs the batch's sequences that drafted nothing
-(k+1 positions of attention and sampling instead of one), so the whole batch stops drafting
-too while recent verify steps were mostly rejected (BatchGate). The draft-model method is not
+costs (almost) nothing. A verify step also costs the batch's sequences that drafted nothing,
+so the whole batch stops drafting too while recent verify steps were mostly rejected or cost
+more per token than plain steps (core/spec_gate.BatchGate). The draft-model method is not
 implemented.
 """
 
@@ -18,9 +18,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 _MAX_CANDIDATES = 64  # most recent occurrences of the last token examined per proposal
-_BATCH_MIN_ACCEPTANCE = 0.25  # a verify step whose drafts were accepted less than this is a miss
-_BATCH_MAX_PAUSE = 256  # steps
-_BATCH_GROWTH = 4  # a failed probe multiplies the next pause by this
 _MAX_DRAFTS = 32
 _FLAG = "--speculative-config"
 
@@ -168,34 +165,3 @@ class NgramProposer:
         if self._misses >= self.cfg.max_misses:
             self._pause, self._misses = self._next_pause, 0
             self._next_pause = min(self._next_pause * 2, self.cfg.max_pause)
-
-
-@dataclass
-class BatchGate:
-    """Speculation on or off for a whole step. A verify step costs every sequence in the batch
-    more than a decode step, so a batch whose verify steps accept under a quarter of their
-    drafts stops drafting for a pause that grows fourfold (1, 4, 16, 64, 256 steps) while the
-    probes after each pause keep failing (five probes reach the longest pause: on text the
-    lookup cannot predict, each probe is a verify step of the whole batch for nothing); a
-    verify step above the bar halves the next pause. Steps without drafts teach nothing and
-    are not counted."""
-
-    _pause: int = 0
-    _next_pause: int = 1
-
-    def allow(self) -> bool:
-        """Called once per step: may this step carry drafts?"""
-        if self._pause > 0:
-            self._pause -= 1
-            return False
-        return True
-
-    def record(self, proposed: int, accepted: int) -> None:
-        """A step's totals over its sequences."""
-        if proposed == 0:
-            return
-        if accepted >= _BATCH_MIN_ACCEPTANCE * proposed:  # halved, not reset: one lucky probe
-            self._next_pause = max(1, self._next_pause // 2)  # does not undo the back-off
-            return
-        self._pause = self._next_pause
-        self._next_pause = min(_BATCH_GROWTH * self._next_pause, _BATCH_MAX_PAUSE)

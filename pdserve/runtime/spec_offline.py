@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from pdserve.core.request import Sequence as Seq
 from pdserve.core.sampling import SamplingParams
 from pdserve.core.spec_schedule import draft_limit
-from pdserve.core.speculative import BatchGate, NgramProposer, SpecStats, SpeculativeConfig
+from pdserve.core.spec_gate import BatchGate
+from pdserve.core.speculative import NgramProposer, SpecStats, SpeculativeConfig
 from pdserve.core.step_io import SeqSlice, StepInput
 from pdserve.runtime.offline import _allocate
 from pdserve.runtime.runner import ModelRunner
@@ -51,7 +52,7 @@ def generate_speculative(
     live = [i for i in range(len(prompts)) if not _done(outs[i], params, stops)]
     gate = BatchGate()
     while live:
-        step_k = k if gate.allow() else 0
+        step_k = k if gate.allow(len(live)) else 0
         slices = [_spec_slice(i, prompts[i], outs[i], props[i], tables[i], params, suppress, step_k,
                               runner.max_model_len) for i in live]
         step = StepInput(tuple(slices))
