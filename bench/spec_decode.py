@@ -1,8 +1,9 @@
-"""Batch-1 decode tokens/s with and without n-gram speculation, same run, serving code path.
+"""Batch-1 decode tokens/s with and without speculation, same run, serving code path.
 
     python bench/spec_decode.py --out bench/results/spec-cpu-$(date -u +%F).json
     python bench/spec_decode.py --device cuda --dtype bfloat16 --out bench/results/spec-h200-DATE.json
     python bench/spec_decode.py --device cuda --load-format dummy --model DIR_WITH_CONFIG ...
+    python bench/spec_decode.py --speculative-config '{"model": DRAFT_DIR, "num_speculative_tokens": 4}'
 
 Each request runs alone through the decode worker's own pieces (Scheduler + DraftPlanner +
 SpeculativeRunner over a ModelRunner; no gRPC): one prefill step, then decode steps until
@@ -35,6 +36,7 @@ from pdserve.core.spec_schedule import DraftPlanner
 from pdserve.core.speculative import SpeculativeConfig
 from pdserve.model.prepare import resolve_model
 from pdserve.model.spec import ModelSpec
+from pdserve.runtime.draft_model import DraftModelProposer
 from pdserve.runtime.runner import ModelRunner
 from pdserve.runtime.spec_step import SpeculativeRunner
 
@@ -64,11 +66,13 @@ def tokenize(model_dir: Path, texts: list[str], vocab: int) -> list[list[int]]:
 
 
 def run_one(runner: ModelRunner, prompt: list[int], max_tokens: int, spec: SpeculativeConfig | None,
-            sync, engine: SpeculativeRunner | None = None) -> dict:
-    """One request alone; returns its tokens, decode seconds and speculation counters."""
+            sync, engine: SpeculativeRunner | None = None, draft: ModelRunner | None = None) -> dict:
+    """One request alone; returns its tokens, decode seconds and speculation counters.
+    `draft`: the draft model's runner (method draft_model)."""
     cfg = SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=max(2048, len(prompt)),
                           max_model_len=runner.max_model_len, enable_prefix_caching=False)
-    planner = DraftPlanner(spec, cfg.max_model_len) if spec else None
+    proposer = DraftModelProposer(draft, runner.spec.vocab_size) if draft is not None and spec else None
+    planner = DraftPlanner(spec, cfg.max_model_len, proposer=proposer) if spec else None
     sched = Scheduler(cfg, BlockManager(runner.num_blocks, runner.block_size), planner)
     engine = (engine or SpeculativeRunner(runner)) if spec else runner
     sched.add(Sequence("r", list(prompt), SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)))
@@ -121,13 +125,19 @@ def main() -> None:
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     prompts = tokenize(model_dir, PROMPTS, mspec.vocab_size)
     engine = SpeculativeRunner(runner, spec.num_speculative_tokens)  # the decode worker's: verify graphs on CUDA
-    run_one(runner, prompts[0], 8, spec, sync, engine)  # warm-up (first-call costs, both paths)
+    draft = None
+    if spec.method == "draft_model":
+        draft_dir = resolve_model(spec.model, require_weights=args.load_format != "dummy")
+        draft = ModelRunner(ModelSpec.from_dir(draft_dir), draft_dir, device=device, dtype=getattr(torch, args.dtype),
+                            num_blocks=256, block_size=16, load_format=args.load_format, max_model_len=1024,
+                            max_num_seqs=1)
+    run_one(runner, prompts[0], 8, spec, sync, engine, draft)  # warm-up (first-call costs, both paths)
     run_one(runner, prompts[0], 8, None, sync)
-    runs: dict[str, list[dict]] = {"plain": [], "ngram": []}
+    runs: dict[str, list[dict]] = {"plain": [], "spec": []}
     for _ in range(args.repeats):
         for p in prompts:
-            for mode, cfg in (("plain", None), ("ngram", spec)):
-                r = run_one(runner, p, args.max_tokens, cfg, sync, engine)
+            for mode, cfg in (("plain", None), ("spec", spec)):
+                r = run_one(runner, p, args.max_tokens, cfg, sync, engine, draft)
                 runs[mode].append(r)
                 print(mode, len(p), f"{(len(r['tokens']) - 1) / r['decode_seconds']:.1f} tok/s",
                       r["decode_steps"], "steps", r["accepted"], "/", r["drafted"], "accepted", flush=True)
@@ -142,7 +152,8 @@ def report(runs: dict[str, list[dict]], args: argparse.Namespace, mspec: ModelSp
     def tps(rs: list[dict]) -> float:  # all decode tokens over all decode time
         return sum(len(r["tokens"]) - 1 for r in rs) / sum(r["decode_seconds"] for r in rs)
 
-    plain, ngram = runs["plain"], runs["ngram"]
+    plain, ngram = runs["plain"], runs["spec"]
+    m = SpeculativeConfig.parse(args.speculative_config).method  # the keys name it: ngram_..., draft_model_...
     drafted, accepted = sum(r["drafted"] for r in ngram), sum(r["accepted"] for r in ngram)
     per_run = [(len(b["tokens"]) - 1) / b["decode_seconds"] / ((len(a["tokens"]) - 1) / a["decode_seconds"])
                for a, b in zip(plain, ngram)]
@@ -155,17 +166,17 @@ def report(runs: dict[str, list[dict]], args: argparse.Namespace, mspec: ModelSp
         "batch": 1, "max_tokens": args.max_tokens, "prompts": len(PROMPTS), "repeats": args.repeats,
         "speculative_config": json.loads(args.speculative_config),
         "verify_graphs": engine_graphs,
-        "plain_decode_tok_s": round(tps(plain), 2), "ngram_decode_tok_s": round(tps(ngram), 2),
+        "plain_decode_tok_s": round(tps(plain), 2), f"{m}_decode_tok_s": round(tps(ngram), 2),
         "speedup": round(tps(ngram) / tps(plain), 3),
         "speedup_per_run_median": round(statistics.median(per_run), 3),
         "plain_decode_steps": sum(r["decode_steps"] for r in plain),
-        "ngram_decode_steps": sum(r["decode_steps"] for r in ngram),
+        f"{m}_decode_steps": sum(r["decode_steps"] for r in ngram),
         "drafted_tokens": drafted, "accepted_tokens": accepted,
         "acceptance_rate": round(accepted / drafted, 3) if drafted else 0.0,
         "greedy_tokens_equal": all(a["tokens"] == b["tokens"] for a, b in zip(plain, ngram)),
         "runs": [dict(prompt=i % len(PROMPTS), plain_tok_s=round((len(a["tokens"]) - 1) / a["decode_seconds"], 2),
-                      ngram_tok_s=round((len(b["tokens"]) - 1) / b["decode_seconds"], 2),
-                      plain_steps=a["decode_steps"], ngram_steps=b["decode_steps"], drafted=b["drafted"],
+                      spec_tok_s=round((len(b["tokens"]) - 1) / b["decode_seconds"], 2),
+                      plain_steps=a["decode_steps"], spec_steps=b["decode_steps"], drafted=b["drafted"],
                       accepted=b["accepted"], first_difference=first_difference(a["tokens"], b["tokens"]))
                  for i, (a, b) in enumerate(zip(plain, ngram))],
         "note": ("CPU timings on a shared machine are noisy; modes alternate per run. " if device.type == "cpu" else "")

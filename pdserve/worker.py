@@ -5,15 +5,18 @@ from __future__ import annotations
 import argparse
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from pdserve.core.block_manager import BlockManager
 from pdserve.core.scheduler import Scheduler, SchedulerConfig
 from pdserve.core.spec_schedule import DraftPlanner
+from pdserve.core.speculative import SpeculativeConfig
 from pdserve.model.prepare import resolve_model
 from pdserve.model.spec import ModelSpec
-from pdserve.runtime.kv_cache import num_blocks_for_bytes
+from pdserve.runtime.draft_model import DraftModelProposer
+from pdserve.runtime.kv_cache import block_bytes
 from pdserve.runtime.kv_quant import KV_CACHE_DTYPES, is_quantized, quant_block_bytes
 from pdserve.runtime.runner import ModelRunner
 
@@ -76,7 +79,9 @@ def build(args: argparse.Namespace) -> Built:
         )
     device = torch.device(args.device)
     dtype = _pick_dtype(args.dtype, device)
-    num_blocks = args.num_blocks or _num_blocks(args, spec, dtype, device)
+    spec_cfg = getattr(args, "speculative_config", None)  # decode and colocated workers only
+    draft_dir, draft_spec = _draft_model(spec_cfg, spec, args)
+    num_blocks = args.num_blocks or _num_blocks(args, spec, dtype, device, draft_spec)
     runner = ModelRunner(
         spec, model_dir, device=device, dtype=dtype, num_blocks=num_blocks,
         block_size=args.block_size, load_format=args.load_format, seed=args.seed,
@@ -92,12 +97,42 @@ def build(args: argparse.Namespace) -> Built:
     )
     # The layout hash salts the prefix hashes: equal on every worker whose KV is interchangeable.
     salt = int(runner.layout.compat_hash(), 16)
-    spec_cfg = getattr(args, "speculative_config", None)  # decode and colocated workers only
-    planner = DraftPlanner(spec_cfg, args.max_model_len) if spec_cfg is not None else None
+    planner = None
+    if spec_cfg is not None:
+        proposer = None
+        if draft_spec is not None:  # its own runner and pool, as many blocks as the target's
+            draft = ModelRunner(
+                draft_spec, draft_dir, device=device, dtype=dtype, num_blocks=num_blocks,
+                block_size=args.block_size, load_format=args.load_format, seed=args.seed + 1,
+                max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+                enforce_eager=getattr(args, "enforce_eager", False),
+            )
+            proposer = DraftModelProposer(draft, spec.vocab_size)
+        planner = DraftPlanner(spec_cfg, args.max_model_len, proposer=proposer)
     sched = Scheduler(cfg, BlockManager(num_blocks, args.block_size, salt=salt), planner)
     name = args.served_model_name or model_dir.name
     log.info("model %s: %d KV blocks of %d tokens on %s/%s", name, num_blocks, args.block_size, device, dtype)
     return Built(spec, runner, sched, name)
+
+
+def _draft_model(spec_cfg: SpeculativeConfig | None, target: ModelSpec, args: argparse.Namespace
+                 ) -> tuple[Path | None, ModelSpec | None]:
+    """The draft model's folder and spec for method draft_model (SystemExit naming the key when
+    it cannot serve: no folder, another tokenizer's vocabulary, a shorter context)."""
+    if spec_cfg is None or spec_cfg.method != "draft_model":
+        return None, None
+    try:
+        folder = resolve_model(spec_cfg.model, require_weights=args.load_format != "dummy")
+    except ValueError as err:
+        raise SystemExit(f"--speculative-config model: {err}") from None
+    draft = ModelSpec.from_dir(folder)
+    if draft.vocab_size != target.vocab_size:
+        raise SystemExit(f"--speculative-config model {spec_cfg.model!r}: vocab_size {draft.vocab_size} differs "
+                         f"from the target's {target.vocab_size}: a draft model must share the tokenizer")
+    if args.max_model_len > draft.max_position_embeddings:
+        raise SystemExit(f"--speculative-config model {spec_cfg.model!r}: --max-model-len {args.max_model_len} "
+                         f"exceeds the draft model's {draft.max_position_embeddings}")
+    return folder, draft
 
 
 def _pick_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -106,10 +141,13 @@ def _pick_dtype(name: str, device: torch.device) -> torch.dtype:
     return _DTYPES[name]
 
 
-def _num_blocks(args: argparse.Namespace, spec: ModelSpec, dtype: torch.dtype, device: torch.device) -> int:
+def _num_blocks(args: argparse.Namespace, spec: ModelSpec, dtype: torch.dtype, device: torch.device,
+                draft: ModelSpec | None = None) -> int:
+    """KV blocks in the memory budget; a draft model's weights and a block of its pool per
+    target block come out of the same budget."""
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
-        weights = _weight_bytes(spec, dtype)
+        weights = _weight_bytes(spec, dtype) + (_weight_bytes(draft, dtype) if draft is not None else 0)
         # --gpu-memory-utilization is this worker's share of the whole GPU (as in vLLM), so two
         # workers can share one GPU at 0.45 each; never more than what is actually free.
         own = int(total * args.gpu_memory_utilization) - weights - (2 << 30)
@@ -117,10 +155,11 @@ def _num_blocks(args: argparse.Namespace, spec: ModelSpec, dtype: torch.dtype, d
     else:
         budget = args.kv_cache_memory
     kv_dtype = getattr(args, "kv_cache_dtype", "auto")
-    if is_quantized(kv_dtype):
-        n = max(0, budget // quant_block_bytes(spec, args.block_size))
-    else:
-        n = num_blocks_for_bytes(spec, args.block_size, dtype, budget)
+    per_block = (quant_block_bytes(spec, args.block_size) if is_quantized(kv_dtype)
+                 else block_bytes(spec, args.block_size, dtype))
+    if draft is not None:
+        per_block += block_bytes(draft, args.block_size, dtype)
+    n = max(0, budget // per_block)
     if n <= 0:
         raise SystemExit("no memory left for the KV cache: raise --kv-cache-memory / --gpu-memory-utilization")
     return n

@@ -124,7 +124,7 @@ class Scheduler:
         append = slices.append
         spec = self.spec
         if spec is not None:
-            spec.begin_step(len(self.running))
+            spec.begin_step(self.running)
         for seq in list(self.running):
             if seq.status is not running_status or budget <= 0:
                 continue

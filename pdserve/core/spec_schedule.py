@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from pdserve.core.block_manager import BlockManager
-from pdserve.core.request import Sequence
+from pdserve.core.request import Sequence, SeqStatus
 from pdserve.core.spec_gate import BatchGate
 from pdserve.core.speculative import NgramProposer, SpecStats, SpeculativeConfig
 
@@ -30,26 +31,48 @@ def draft_limit(seq: Sequence, k: int, max_model_len: int) -> int:
     return max(limit, 0)
 
 
+class BatchProposer(Protocol):
+    """Drafts for every sequence of a step at once (a draft model: runtime/draft_model.py)."""
+
+    def propose(self, asks: list[tuple[Sequence, int]]) -> dict[str, tuple[int, ...]]:
+        """Up to `limit` draft tokens after each sequence's last token, by request id."""
+        ...
+
+    def forget(self, request_id: str) -> None:
+        """The request finished or was aborted: drop what is kept for it."""
+        ...
+
+
 class DraftPlanner:
-    """Per-sequence n-gram proposers of one scheduler, and the worker's acceptance counters."""
+    """The drafts of each step (n-gram proposers per sequence, or a BatchProposer for the
+    whole step), the batch gate, and the worker's acceptance counters."""
 
     def __init__(self, cfg: SpeculativeConfig, max_model_len: int,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, proposer: BatchProposer | None = None) -> None:
         self.cfg = cfg
         self.max_model_len = max_model_len
         self.stats = SpecStats()
         self._props: dict[str, NgramProposer] = {}
+        self._model = proposer  # draft_model: drafts come from it, planned for the whole step
+        self._planned: dict[str, tuple[int, ...]] = {}
         self._gate = BatchGate(clock)  # clock: step costs (tests pass a deterministic one)
         self._drafting = True  # this step may carry drafts (the gate's answer)
         self._step = [0, 0]  # drafts proposed and accepted by the verify results since the last step
 
-    def begin_step(self, batch: int) -> None:
-        """Called by the scheduler before each step of `batch` running sequences: feed the
-        gate the verify results recorded since the last call, and ask it whether this step
-        drafts."""
+    def begin_step(self, running: list[Sequence]) -> None:
+        """Called by the scheduler before each step with its running sequences: feed the gate
+        the verify results recorded since the last call, ask it whether this step drafts, and
+        (draft model) propose for every running sequence at once."""
         self._gate.record(*self._step)
         self._step = [0, 0]
-        self._drafting = self._gate.allow(batch)
+        self._drafting = self._gate.allow(len(running))
+        self._planned = {}
+        if self._drafting and self._model is not None:
+            k = self.cfg.num_speculative_tokens
+            asks = [(seq, limit) for seq in running if seq.status is SeqStatus.RUNNING
+                    and (limit := draft_limit(seq, k, self.max_model_len)) > 0]
+            if asks:
+                self._planned = self._model.propose(asks)
 
     def drafts(self, seq: Sequence, budget: int, blocks: BlockManager, reserve: int) -> tuple[int, ...]:
         """Drafts to verify after seq's last token (blocks already cover len(seq) tokens).
@@ -62,7 +85,10 @@ class DraftPlanner:
         limit = min(draft_limit(seq, self.cfg.num_speculative_tokens, self.max_model_len), budget - 1)
         if limit <= 0:
             return ()
-        drafts = self._proposer(seq).propose(limit)
+        if self._model is not None:
+            drafts = list(self._planned.get(seq.request_id, ())[:limit])
+        else:
+            drafts = self._proposer(seq).propose(limit)
         if not drafts:
             return ()
         n, table = len(seq), seq.block_table
@@ -87,6 +113,8 @@ class DraftPlanner:
     def forget(self, request_id: str) -> None:
         """The request finished or was aborted."""
         self._props.pop(request_id, None)
+        if self._model is not None:
+            self._model.forget(request_id)
 
     def _proposer(self, seq: Sequence) -> NgramProposer:
         """seq's proposer, brought up to date with the tokens emitted since its last use."""

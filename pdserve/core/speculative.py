@@ -7,8 +7,12 @@ verifies them in one forward (runtime/spec_verify.py). A sequence whose drafts k
 stops proposing for a while, doubling the pause each time, so text the lookup cannot predict
 costs (almost) nothing. A verify step also costs the batch's sequences that drafted nothing,
 so the whole batch stops drafting too while recent verify steps were mostly rejected or cost
-more per token than plain steps (core/spec_gate.BatchGate). The draft-model method is not
-implemented.
+more per token than plain steps (core/spec_gate.BatchGate).
+
+`{"model": DIR, "num_speculative_tokens": K}` (method "draft_model"): a smaller model with the
+same tokenizer proposes K tokens greedily for every running sequence (runtime/draft_model.py);
+a greedy proposal is a one-hot draft distribution, so the same verification keeps sampling
+exact.
 """
 
 from __future__ import annotations
@@ -20,14 +24,16 @@ from typing import Any
 _MAX_CANDIDATES = 64  # most recent occurrences of the last token examined per proposal
 _MAX_DRAFTS = 32
 _FLAG = "--speculative-config"
+_METHODS = ("ngram", "draft_model")
 
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
     """Parsed --speculative-config (ValueError on a bad or unsupported one)."""
 
-    method: str = "ngram"
+    method: str = "ngram"  # or "draft_model": greedy drafts from `model` (the same tokenizer)
     num_speculative_tokens: int = 4
+    model: str = ""  # draft_model: the draft model's folder (config.json + safetensors)
     prompt_lookup_max: int = 4
     prompt_lookup_min: int = 1
     max_misses: int = 2  # consecutive all-rejected proposals before pausing
@@ -53,8 +59,10 @@ class SpeculativeConfig:
         unknown = sorted(set(d) - set(cls.__dataclass_fields__))
         if unknown:
             raise ValueError(f"{_FLAG}: unknown key {unknown[0]!r} (known: {sorted(cls.__dataclass_fields__)})")
+        if "model" in d and "method" not in d:  # as in vLLM: a model names a draft model
+            d = {**d, "method": "draft_model"}
         for key, value in d.items():
-            want = str if key == "method" else int
+            want = str if key in ("method", "model") else int
             if not isinstance(value, want) or isinstance(value, bool):
                 raise ValueError(f"{_FLAG}: {key} must be {'a string' if want is str else 'an integer'}, "
                                  f"got {value!r}")
@@ -67,8 +75,12 @@ class SpeculativeConfig:
 
     def validate(self) -> None:
         """ValueError naming the first bad key."""
-        if self.method != "ngram":
-            raise ValueError(f"{_FLAG}: method {self.method!r} is not supported (only 'ngram')")
+        if self.method not in _METHODS:
+            raise ValueError(f"{_FLAG}: method {self.method!r} is not supported (one of {list(_METHODS)})")
+        if self.method == "draft_model" and not self.model:
+            raise ValueError(f"{_FLAG}: method 'draft_model' needs model (the draft model's folder)")
+        if self.method != "draft_model" and self.model:
+            raise ValueError(f"{_FLAG}: model is for method 'draft_model', not {self.method!r}")
         if not 1 <= self.num_speculative_tokens <= _MAX_DRAFTS:
             raise ValueError(f"{_FLAG}: num_speculative_tokens must be in [1, {_MAX_DRAFTS}], "
                              f"got {self.num_speculative_tokens}")

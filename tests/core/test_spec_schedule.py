@@ -224,6 +224,19 @@ def test_speculative_config_as_vllm() -> None:
     assert SpeculativeConfig.parse("") is None
 
 
+def test_draft_model_config() -> None:
+    cfg = SpeculativeConfig.parse('{"model": "/m/draft", "num_speculative_tokens": 3}')  # vLLM's form
+    assert (cfg.method, cfg.model, cfg.num_speculative_tokens) == ("draft_model", "/m/draft", 3)
+    with pytest.raises(ValueError, match="'draft_model' needs model"):
+        SpeculativeConfig.parse('{"method": "draft_model"}')
+    with pytest.raises(ValueError, match="model is for method 'draft_model', not 'ngram'"):
+        SpeculativeConfig.parse('{"method": "ngram", "model": "/m/draft"}')
+    with pytest.raises(ValueError, match="model must be a string"):
+        SpeculativeConfig.parse('{"model": 3}')
+    with pytest.raises(ValueError, match="method 'eagle' is not supported"):
+        SpeculativeConfig.parse('{"method": "eagle"}')
+
+
 class NoisyRunner(RuleRunner):
     """A 'model' whose next token is a pseudo-random function of the position: drafts (almost)
     never match, like n-gram lookup on text that does not repeat."""

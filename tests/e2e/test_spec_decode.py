@@ -1,8 +1,10 @@
-"""n-gram speculative decoding in the serving decode worker (real processes, default model).
+"""Speculative decoding in the serving decode worker (real processes, default model): n-gram
+lookup, and a draft model (the default model drafting for itself).
 
 Greedy tokens with --speculative-config equal the single-process engine's plain greedy tokens,
 on prompts that repeat text (so drafts get accepted), with fewer decode steps than tokens;
-stop tokens and max_tokens are honoured; GetStats and Prometheus report acceptance.
+stop tokens and max_tokens are honoured; GetStats and Prometheus report acceptance; a bad
+config or a draft model with another vocabulary stops the worker at startup, naming why.
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ def reference(offline_runner, default_model_dir) -> tuple[list[int], list[int]]:
     return ids, generate(offline_runner, [ids], params)[0]
 
 
-def spec_stack(model_dir, colocated: bool, metrics_port: int = 0) -> Stack:
-    decode = ["--speculative-config", SPEC, "--lease-ms", "5000"]
+def spec_stack(model_dir, colocated: bool, metrics_port: int = 0, spec: str = SPEC) -> Stack:
+    decode = ["--speculative-config", spec, "--lease-ms", "5000"]
     if metrics_port:
         decode += ["--metrics-port", str(metrics_port)]
     return Stack(model=str(model_dir), worker_args=["--max-model-len", "512"],
@@ -105,3 +107,26 @@ def test_bad_config_refused_at_startup() -> None:
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert "--speculative-config" in out.stderr and "'num_speculative_tokenz'" in out.stderr, out.stderr
+
+
+def test_draft_model_disaggregated(default_model_dir, reference) -> None:
+    """The default model drafts for itself: every greedy draft is the target's own token."""
+    draft = json.dumps({"model": str(default_model_dir), "num_speculative_tokens": 4})
+    with spec_stack(default_model_dir, colocated=False, spec=draft) as st:
+        check_greedy_run(st, "decode", reference)
+        stats = pool_stats(st.workers["decode"], "decode")
+        assert stats.spec_accepted_tokens >= 0.9 * stats.spec_draft_tokens, stats
+        assert_no_leaks(st)
+
+
+def test_draft_model_with_another_vocabulary_refused(default_model_dir, tmp_path) -> None:
+    import subprocess
+    import sys
+
+    config = json.loads((default_model_dir / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "vocab_size": config["vocab_size"] + 64}))
+    cmd = [sys.executable, "-m", "decode_service", "--port", str(free_port()), "--model", str(default_model_dir),
+           "--load-format", "dummy", "--speculative-config", json.dumps({"model": str(tmp_path)})]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0
+    assert "--speculative-config model" in out.stderr and "must share the tokenizer" in out.stderr, out.stderr[-2000:]

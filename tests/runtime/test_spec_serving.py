@@ -43,7 +43,12 @@ def serve(runner: ModelRunner, spec: bool, num_blocks: int, params: SamplingPara
     engine = SpeculativeRunner(runner) if spec else runner
     if graphs is not None:
         engine.graphs = graphs
-    for i, p in enumerate(PROMPTS):
+    return drive(sched, engine, PROMPTS, params), sched
+
+
+def drive(sched: Scheduler, engine, prompts: list[list[int]], params: SamplingParams) -> dict[str, list[int]]:
+    """Serve every prompt to the end (request ids "0", "1", ...); tokens per request, then the leak check."""
+    for i, p in enumerate(prompts):
         sched.add(Sequence(str(i), list(p), params))
     outs: dict[str, list[int]] = {}
     while sched.has_work:
@@ -51,7 +56,7 @@ def serve(runner: ModelRunner, spec: bool, num_blocks: int, params: SamplingPara
         for ev in sched.update(step, engine.execute(step)):
             outs.setdefault(ev.request_id, []).append(ev.token)
     assert sched.blocks.num_free == sched.blocks.num_total  # the leak check
-    return outs, sched
+    return outs
 
 
 def check_greedy(ops_name: str | None, pools: tuple[int, ...] = (64, 20), max_tokens: int = 24) -> None:
