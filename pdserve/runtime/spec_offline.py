@@ -33,6 +33,9 @@ def generate_speculative(
     cfg None: the same loop without drafts (plain decoding, a like-for-like baseline).
     `verifier` (a SpeculativeRunner over `runner`, e.g. with verify graphs) runs the steps."""
     params.validate()
+    if cfg is not None and cfg.method != "ngram":  # never a silent n-gram run in its place
+        raise ValueError(f"generate_speculative runs n-gram lookup only, not {cfg.method!r}; a draft model "
+                         "runs through the serving scheduler (core/spec_schedule.DraftPlanner)")
     stats = stats if stats is not None else SpecStats()
     k = cfg.num_speculative_tokens if cfg is not None else 0
     # room for drafts past the last kept token: their KV is written, then overwritten

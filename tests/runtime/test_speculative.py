@@ -99,3 +99,9 @@ def test_sampling_distribution_unchanged_end_to_end(runner: ModelRunner) -> None
     assert stats.proposed > 0 and stats.accepted > 0, stats
     stat, df = homogeneity_chi2(plain, spec)
     assert stat < chi2_critical(df), (stat, df)
+
+
+def test_offline_speculation_refuses_a_draft_model(runner: ModelRunner) -> None:
+    cfg = SpeculativeConfig(method="draft_model", model="/m/draft")
+    with pytest.raises(ValueError, match="n-gram lookup only, not 'draft_model'"):
+        generate_speculative(runner, [[1, 2, 3]], SamplingParams(temperature=0.0, max_tokens=2), cfg)
