@@ -18,7 +18,7 @@ from pdserve.core.kv_layout import KvLayout
 from pdserve.transfer import make_receiver
 from pdserve.transfer.base import KvTargetSpec, TransferError, TransferState
 from pdserve.transfer.cuda_ipc import CudaIpcKvSender, CudaIpcUnavailable, map_pool
-from transfer_helpers import layer_bytes, make_layout, poisoned_pool, random_pool, wait_until
+from transfer_helpers import layer_bytes, make_layout, poisoned_pool, random_pool
 
 HERE = Path(__file__).parent
 SRC, DST = [5, 0, 22, 9, 30], [17, 3, 29, 8, 11]
@@ -116,9 +116,9 @@ def test_forget_during_a_queued_copy_never_writes_reused_blocks(pair: IpcPair) -
     handle = pair.start("r1", DST)
     torch.cuda._sleep(2_000_000_000)  # the engine stream is busy; the copy queues behind it
     t0 = time.monotonic()
-    handle.push(0, SRC, 0)
+    handle.push(pair.layout.num_layers - 1, SRC, 0)  # the last layer's push waits for the attach answer
     assert time.monotonic() - t0 < 0.3, "push waited for the engine stream"
-    wait_until(lambda: handle._attached)  # the attach answer came; the copy is queued
+    assert handle._attached  # the attach answer came; the copy is queued
     assert pair.ask(f"forget r1 {_ids(DST)}", "FORGET") == ["False"]
     held = float(_reply(pair.proc, "RELEASED")[0])
     torch.cuda.synchronize()

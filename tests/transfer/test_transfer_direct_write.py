@@ -117,6 +117,14 @@ def rig() -> Iterator[Rig]:
     r.close()
 
 
+def push_attached(rig: Rig, handle) -> None:
+    """Push the last layer: it waits for the attach answer, then queues its copy at once (an
+    earlier layer's push made before the answer is kept until the engine side's next call)."""
+    before = rig.copier.queued
+    handle.push(rig.layout.num_layers - 1, SRC, 0)
+    assert rig.copier.queued == before + 1
+
+
 def _reused_blocks_intact(rig: Rig) -> bool:
     return bool((rig.dst[:, :, DST] == REUSED).all())
 
@@ -124,16 +132,18 @@ def _reused_blocks_intact(rig: Rig) -> bool:
 def test_forget_while_a_copy_is_queued_frees_only_after_it_landed(rig: Rig) -> None:
     rig.receiver.expect("r1", DST)
     handle = rig.handle()
-    handle.push(0, SRC, 0)  # kept until the attach answer, then queued; not landed: the gate is closed
-    wait_until(lambda: rig.copier.queued == 1)
+    handle.push(0, SRC, 0)  # kept until the attach answer, then queued by the next push
+    wait_until(handle._answered.is_set)
+    handle.push(1, SRC, 0)  # queues both; neither lands: the gate is closed
+    wait_until(lambda: rig.copier.queued == 2)
     assert rig.receiver.forget("r1", on_released=rig.reuse_blocks) is False
     wait_until(lambda: handle.state == TransferState.FAILED)  # told by the Attach event
-    handle.push(1, SRC, 0)  # no-op now: nothing more is queued
+    handle.push(2, SRC, 0)  # no-op now: nothing more is queued
     time.sleep(0.3)
-    assert not rig.released.is_set() and rig.copier.queued == 1 and rig.copier.landed == 0
-    rig.copier.gate.set()  # the queued copy lands, then the sender synchronises and releases
+    assert not rig.released.is_set() and rig.copier.queued == 2 and rig.copier.landed == 0
+    rig.copier.gate.set()  # the queued copies land, then the sender synchronises and releases
     assert rig.released.wait(5)
-    assert rig.copier.landed == 1
+    assert rig.copier.landed == 2
     time.sleep(0.2)
     assert _reused_blocks_intact(rig)  # nothing was written after the blocks were reused
     with pytest.raises(TransferError) as info:
@@ -144,8 +154,7 @@ def test_forget_while_a_copy_is_queued_frees_only_after_it_landed(rig: Rig) -> N
 def test_sender_aborted_first_releases_after_its_copies(rig: Rig) -> None:
     rig.receiver.expect("r1", DST)
     handle = rig.handle()
-    handle.push(0, SRC, 0)
-    wait_until(lambda: rig.copier.queued == 1)
+    push_attached(rig, handle)
     handle.abort()  # the prefill side gave up; its copy is still queued
     assert rig.receiver.forget("r1", on_released=rig.reuse_blocks) is False
     time.sleep(0.2)
@@ -160,8 +169,7 @@ def test_released_writer_lets_forget_free_at_once(rig: Rig) -> None:
     rig.receiver.expect("r1", DST)
     rig.copier.gate.set()
     handle = rig.handle()
-    handle.push(0, SRC, 0)
-    wait_until(lambda: rig.copier.queued == 1)
+    push_attached(rig, handle)
     handle.abort()
     wait_until(lambda: rig.receiver._reservations["r1"].writer.done)
     assert rig.receiver.forget("r1", on_released=rig.reuse_blocks) is True
@@ -220,8 +228,7 @@ def test_lost_writer_is_released_after_the_grace(rig: Rig) -> None:
     rig.receiver.expect("r1", DST)
     rig.copier.gate.set()
     handle = rig.handle()
-    handle.push(0, SRC, 0)
-    wait_until(lambda: rig.copier.queued == 1)  # attached
+    push_attached(rig, handle)  # attached, its copy queued
     rig.control._call.cancel()  # the sender's stream breaks without a release (it died)
     wait_until(lambda: handle.state == TransferState.FAILED)
     t0 = time.monotonic()
@@ -272,8 +279,7 @@ def test_decode_engine_keeps_aborted_blocks_until_the_writer_released(rig: Rig) 
     reserved, cached = engine.reserve("r1", 4 * rig.layout.block_size)
     assert cached == 0
     handle = rig.handle("r1", reserved)
-    handle.push(0, SRC, 0)  # queued behind the closed gate once attached
-    wait_until(lambda: rig.copier.queued == 1)
+    push_attached(rig, handle)  # queued behind the closed gate
     free_before = blocks.num_free
     assert engine.abort("r1")
     time.sleep(0.3)
@@ -398,9 +404,9 @@ def test_a_receiver_that_goes_away_fails_every_writer_on_its_stream(rig: Rig) ->
         blocks = DST if rid == "x" else [1, 2, 4, 6]
         rig.receiver.expect(rid, blocks)
         handle = rig.handle(rid, blocks)
-        handle.push(0, SRC, 0)
+        push_attached(rig, handle)
         handles.append(handle)
-    wait_until(lambda: rig.copier.queued == 2)  # both attached
+    assert rig.copier.queued == 2  # both attached
     rig.server.stop()
     for handle in handles:
         wait_until(lambda h=handle: h.state == TransferState.FAILED)
