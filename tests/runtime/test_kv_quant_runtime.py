@@ -97,3 +97,21 @@ def test_quant_views_tile_each_block_and_keep_rows_aligned() -> None:
                 assert (block[:n_val] == 1 + 2 * kv).all() and (block[n_val:] == 5 + 2 * kv).all()
         assert views.k.stride()[1:] == (2 * 128, 128, 1) and views.k.stride(0) % 16 == 0
         assert views.k.data_ptr() % 16 == 0 or raw.data_ptr() % 16 != 0
+
+
+def test_quant_scales_are_head_major_in_each_block() -> None:
+    """One KV head's scales of a block are contiguous (an attention program reads one KV head:
+    a page's scales in one run of bytes, not S loads 4 * Hk bytes apart)."""
+    from pdserve.runtime.kv_quant import allocate_quant_pool
+
+    spec = ModelSpec.from_config_dict(dict(
+        model_type="llama", hidden_size=64, intermediate_size=64, num_hidden_layers=1, head_dim=16,
+        num_attention_heads=4, num_key_value_heads=2, vocab_size=64, max_position_embeddings=64))
+    pool = allocate_quant_pool(spec, num_blocks=2, block_size=4, kv_cache_dtype="int8")
+    views = layer_views(pool, 0, 16)
+    for slot in range(4):
+        for head in range(2):
+            views.k_scale[1, slot, head] = 10 * head + slot  # (block 1, slot, KV head)
+    tail = pool[0, 0, 1].flatten()[4 * 2 * 16:].view(torch.float32)  # block 1's scales, as stored
+    assert tail.tolist() == [0.0, 1.0, 2.0, 3.0, 10.0, 11.0, 12.0, 13.0]  # head 0's slots, then head 1's
+    assert views.k_scale.stride()[1:] == (1, 4)
