@@ -15,7 +15,7 @@ from pdserve.core.spec_schedule import DraftPlanner
 from pdserve.core.speculative import SpeculativeConfig
 from pdserve.model.prepare import resolve_model
 from pdserve.model.spec import ModelSpec
-from pdserve.runtime.draft_model import DraftModelProposer
+from pdserve.runtime.draft_model import DraftModelProposer, check_draft_model
 from pdserve.runtime.kv_cache import block_bytes
 from pdserve.runtime.kv_quant import KV_CACHE_DTYPES, is_quantized, quant_block_bytes
 from pdserve.runtime.runner import ModelRunner
@@ -126,12 +126,10 @@ def _draft_model(spec_cfg: SpeculativeConfig | None, target: ModelSpec, args: ar
     except ValueError as err:
         raise SystemExit(f"--speculative-config model: {err}") from None
     draft = ModelSpec.from_dir(folder)
-    if draft.vocab_size != target.vocab_size:
-        raise SystemExit(f"--speculative-config model {spec_cfg.model!r}: vocab_size {draft.vocab_size} differs "
-                         f"from the target's {target.vocab_size}: a draft model must share the tokenizer")
-    if args.max_model_len > draft.max_position_embeddings:
-        raise SystemExit(f"--speculative-config model {spec_cfg.model!r}: --max-model-len {args.max_model_len} "
-                         f"exceeds the draft model's {draft.max_position_embeddings}")
+    try:  # before any weight is loaded
+        check_draft_model(draft, target.vocab_size, args.max_model_len)
+    except ValueError as err:
+        raise SystemExit(f"{err} ({spec_cfg.model})") from None
     return folder, draft
 
 

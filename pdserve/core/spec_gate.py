@@ -54,7 +54,6 @@ class _Bucket:
 class _Step:
     start: float
     batch: int
-    drafting: bool
     proposed: int = 0
     accepted: int = 0
 
@@ -82,7 +81,7 @@ class BatchGate:
         else:
             drafting = bucket.since_plain < (REFRESH - 1 if bucket.plain else MIN_SAMPLES)
         bucket.since_plain = bucket.since_plain + 1 if drafting else 0
-        self._step = _Step(now, batch, drafting)
+        self._step = _Step(now, batch)
         return drafting
 
     def record(self, proposed: int, accepted: int) -> None:

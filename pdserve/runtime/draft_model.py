@@ -21,9 +21,21 @@ from pdserve.core.block_manager import BlockManager, NoFreeBlocks
 from pdserve.core.request import Sequence
 from pdserve.core.sampling import SamplingParams
 from pdserve.core.step_io import SeqSlice, StepInput
+from pdserve.model.spec import ModelSpec
 from pdserve.runtime.runner import ModelRunner
 
 _GREEDY = SamplingParams(temperature=0.0)
+
+
+def check_draft_model(draft: ModelSpec, target_vocab_size: int, max_model_len: int | None = None) -> None:
+    """ValueError naming why `draft` cannot draft for the target: another vocabulary (so another
+    tokenizer), or a context shorter than max_model_len."""
+    if draft.vocab_size != target_vocab_size:
+        raise ValueError(f"--speculative-config model: vocab_size {draft.vocab_size} differs from the "
+                         f"target's {target_vocab_size}: a draft model must share the tokenizer")
+    if max_model_len is not None and max_model_len > draft.max_position_embeddings:
+        raise ValueError(f"--speculative-config model: --max-model-len {max_model_len} exceeds the draft "
+                         f"model's {draft.max_position_embeddings}")
 
 
 @dataclass
@@ -40,10 +52,7 @@ class DraftModelProposer:
     """BatchProposer (core/spec_schedule.py) over a draft ModelRunner."""
 
     def __init__(self, runner: ModelRunner, target_vocab_size: int) -> None:
-        if runner.spec.vocab_size != target_vocab_size:
-            raise ValueError(
-                f"--speculative-config: the draft model's vocab_size {runner.spec.vocab_size} differs from "
-                f"the target's {target_vocab_size}: a draft model must share the target's tokenizer")
+        check_draft_model(runner.spec, target_vocab_size)
         self.runner = runner
         self.blocks = BlockManager(runner.num_blocks, runner.block_size)
         self._seqs: dict[str, _Cached] = {}
@@ -51,7 +60,7 @@ class DraftModelProposer:
     def propose(self, asks: list[tuple[Sequence, int]]) -> dict[str, tuple[int, ...]]:
         """Up to `limit` greedy drafts after each sequence's last token."""
         first: list[SeqSlice] = []
-        todo: dict[str, tuple[int, int]] = {}  # rid -> (length, drafts wanted)
+        todo: dict[str, tuple[int, int, tuple[int, ...]]] = {}  # rid -> (length, drafts wanted, table)
         for seq, limit in asks:
             n = len(seq)
             if n + limit - 1 > self.runner.max_model_len:
@@ -60,17 +69,18 @@ class DraftModelProposer:
             valid = self._valid(cached, seq)
             if not self._room(cached, n + limit - 1):
                 continue
-            first.append(SeqSlice(seq.request_id, seq.token_slice(valid, n), valid, tuple(cached.table), _GREEDY))
-            todo[seq.request_id] = (n, limit)
+            table = tuple(cached.table)
+            first.append(SeqSlice(seq.request_id, seq.token_slice(valid, n), valid, table, _GREEDY))
+            todo[seq.request_id] = (n, limit, table)
         if not first:
             return {}
         drafts = {rid: [tok] for rid, tok in self.runner.execute(StepInput(tuple(first))).sampled.items()}
-        for i in range(1, max(limit for _, limit in todo.values())):
-            step = tuple(SeqSlice(rid, (drafts[rid][-1],), n + i - 1, tuple(self._seqs[rid].table), _GREEDY)
-                         for rid, (n, limit) in todo.items() if limit > i)
+        for i in range(1, max(limit for _, limit, _ in todo.values())):
+            step = tuple(SeqSlice(rid, (drafts[rid][-1],), n + i - 1, table, _GREEDY)
+                         for rid, (n, limit, table) in todo.items() if limit > i)
             for rid, tok in self.runner.execute(StepInput(step)).sampled.items():
                 drafts[rid].append(tok)
-        for rid, (n, _) in todo.items():
+        for rid, (n, _, _) in todo.items():
             cached = self._seqs[rid]
             cached.real, cached.written = n, tuple(drafts[rid][:-1])  # the last draft has no KV
         return {rid: tuple(d) for rid, d in drafts.items()}

@@ -156,12 +156,8 @@ class CudaIpcKvSender(TcpKvSender):
         copier = self._copier(kv_pool.device)
         copier.prepare(kv_pool, remote)
         handle = _IpcSendHandle(target, kv_pool, self.layout, link, remote, copier, self._handshake_timeout)
-        # Attach now, not at the first push: the answer then comes back while the prompt is
-        # queued or its first layers are enqueued, so layer pushes go straight to the copier.
-        # Attaching at the first push made pushes wait for the answer in a kept list, released
-        # from the Control reader thread while the engine thread enqueued the next layers (on
-        # the H200, a 2k prompt's TTFT +1.4 % vs -1.1 % with the attach answered beforehand:
-        # bench/ipc_probe.py variants, 2026-12-03).
+        # Attach now, not at the first push: the answer comes back while the prompt is queued
+        # or its first layers are enqueued, so fewer pushes are kept waiting for it (_on_answer).
         handle._begin()
         return handle
 
