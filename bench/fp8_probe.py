@@ -25,12 +25,60 @@ HQ, HK, D, S = 32, 8, 128, 16
 
 
 @triton.jit
+def _ld(ptr, mask, EVEN: tl.constexpr):
+    if EVEN:
+        return tl.load(ptr)
+    else:
+        return tl.load(ptr, mask=mask, other=0)
+
+
+@triton.jit
+def _cvt_gain(CVT: tl.constexpr):
+    """The bit-shift upcasts (CVT 1, 2) give fp16 values 2^-8 of the fp8 ones: scales undo it."""
+    if CVT == 0:
+        return 1.0
+    else:
+        return 256.0
+
+
+@triton.jit
+def _upcast(x, up, CVT: tl.constexpr):
+    """fp8 e4m3 (or bf16) tile -> the dot type. CVT 0: Triton's convert; 1: integer shifts on
+    the bits (fp16 exponent bias 15 vs 7: values come out 2^-8 of the true ones, exact, even
+    subnormals); 2: the same shifts in PTX on four bytes at a time (prmt + shr + and/or)."""
+    if CVT == 0 or x.dtype == tl.bfloat16:
+        return x.to(up)
+    elif CVT == 1:
+        u = x.to(tl.uint8, bitcast=True).to(tl.uint16)
+        h = ((u & 0x80) << 8) | ((u & 0x7F) << 7)
+        return h.to(tl.float16, bitcast=True)
+    else:
+        return tl.inline_asm_elementwise(
+            asm="""{
+            .reg .b32 a, b, t;
+            prmt.b32 a, $2, 0, 0x1404;
+            prmt.b32 b, $2, 0, 0x3424;
+            shr.b32 t, a, 1;
+            and.b32 t, t, 0x3F803F80;
+            and.b32 a, a, 0x80008000;
+            or.b32 $0, a, t;
+            shr.b32 t, b, 1;
+            and.b32 t, t, 0x3F803F80;
+            and.b32 b, b, 0x80008000;
+            or.b32 $1, b, t;
+            }""",
+            constraints="=r,=r,r", args=[x.to(tl.uint8, bitcast=True)], dtype=tl.float16,
+            is_pure=True, pack=4)
+
+
+@triton.jit
 def _probe_kernel(
     q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_ptr, lens_ptr, out_ptr,
     stride_qb, stride_qh, stride_cn, stride_cs, stride_ch, stride_bt, stride_sn, stride_ss, stride_sh,
     scale_log2,
     G: tl.constexpr, G_PAD: tl.constexpr, S: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
     KT: tl.constexpr, QK8: tl.constexpr, NOSCALE: tl.constexpr, UP_BF16: tl.constexpr,
+    EVEN: tl.constexpr, FUSE: tl.constexpr, CVT: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
@@ -55,30 +103,43 @@ def _probe_kernel(
     for t0 in range(0, seq_len, BLOCK_N):
         t = t0 + tl.arange(0, BLOCK_N)
         tmask = t < seq_len
-        page = tl.load(bt_row + t // S, mask=tmask, other=0).to(tl.int64)
+        page = _ld(bt_row + t // S, tmask, EVEN).to(tl.int64)
         slot = (t % S).to(tl.int64)
         tok_off = page * stride_cn + slot * stride_cs
         sc_off = page * stride_sn + slot * stride_ss + kvh * stride_sh
-        if KT:
+        if EVEN:
+            k = tl.load(kc_ptr + tok_off[None, :] + head_off[:, None])
+        elif KT:
             k = tl.trans(tl.load(kc_ptr + tok_off[:, None] + head_off[None, :], mask=tmask[:, None], other=0.0))
         else:
             k = tl.load(kc_ptr + tok_off[None, :] + head_off[:, None], mask=tmask[None, :], other=0.0)
         if not QK8:
-            k = k.to(up)
+            k = _upcast(k, up, CVT)
         s = tl.dot(q, k)
         if QK8:
             s = s * qs[:, None]
-        s = s * scale_log2
-        if not NOSCALE:
-            s = s * tl.load(ks_ptr + sc_off, mask=tmask, other=0.0)[None, :]
-        s = tl.where(tmask[None, :], s, float("-inf"))
+        if FUSE:
+            if NOSCALE:
+                s = s * scale_log2
+            else:
+                s = s * (_ld(ks_ptr + sc_off, tmask, EVEN) * (scale_log2 * _cvt_gain(CVT)))[None, :]
+        else:
+            s = s * scale_log2
+            if not NOSCALE:
+                s = s * (_ld(ks_ptr + sc_off, tmask, EVEN) * _cvt_gain(CVT))[None, :]
+        if not EVEN:
+            s = tl.where(tmask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(vc_ptr + tok_off[:, None] + head_off[None, :], mask=tmask[:, None], other=0.0).to(up)
+        if EVEN:
+            v = tl.load(vc_ptr + tok_off[:, None] + head_off[None, :])
+        else:
+            v = tl.load(vc_ptr + tok_off[:, None] + head_off[None, :], mask=tmask[:, None], other=0.0)
+        v = _upcast(v, up, CVT)
         if not NOSCALE:
-            p = p * tl.load(vs_ptr + sc_off, mask=tmask, other=0.0)[None, :]
+            p = p * (_ld(vs_ptr + sc_off, tmask, EVEN) * _cvt_gain(CVT))[None, :]
         acc = acc * alpha[:, None] + tl.dot(p.to(up), v)
         m_i = m_new
     o = acc / l_i[:, None]
@@ -87,18 +148,19 @@ def _probe_kernel(
 
 
 def probe(q, kc, vc, ks, vs, tables, lens, scale, *, kt=False, qk8=False, noscale=False, up_bf16=False,
-          block_n=128, warps=4, stages=2) -> torch.Tensor:
+          block_n=128, warps=4, stages=2, even=False, fuse=False, cvt=0) -> torch.Tensor:
     out = torch.empty_like(q)
     _probe_kernel[(q.shape[0], HK)](
         q, kc, vc, ks, vs, tables, lens, out,
         q.stride(0), q.stride(1), kc.stride(0), kc.stride(1), kc.stride(2), tables.stride(0),
         *ks.stride()[:3], scale * math.log2(math.e),
         G=HQ // HK, G_PAD=16, S=S, D=D, BLOCK_N=block_n, KT=kt, QK8=qk8, NOSCALE=noscale, UP_BF16=up_bf16,
-        num_warps=warps, num_stages=stages)
+        EVEN=even, FUSE=fuse, CVT=cvt, num_warps=warps, num_stages=stages)
     return out
 
 
-def main() -> None:
+def main(quick: bool = False) -> None:
+    """quick: only the real kernel, over bf16 and fp8 pools, with and without masked full tiles."""
     spec = ModelSpec.from_config_dict({
         "model_type": "llama", "hidden_size": HQ * D, "intermediate_size": 256, "num_hidden_layers": 1,
         "num_attention_heads": HQ, "num_key_value_heads": HK, "vocab_size": 256})
@@ -127,10 +189,26 @@ def main() -> None:
         ms = do_bench(lambda: decode_with_partitions(q, views.k, views.v, tables, lens, scale, ctx, views.k_scale,
                                                      views.v_scale), warmup=25, rep=200, return_mode="median")
         print(f"{seqs}x{ctx} fp8 real kernel: {ms:.3f} ms {nbytes / ms / 1e6:.0f} GB/s", flush=True)
-        variants = [dict(), dict(kt=True), dict(qk8=True), dict(qk8=True, kt=True), dict(noscale=True),
-                    dict(up_bf16=True), dict(block_n=64), dict(block_n=256, warps=8), dict(warps=8),
-                    dict(stages=3), dict(stages=4), dict(qk8=True, block_n=256, warps=8),
-                    dict(qk8=True, stages=3), dict(kt=True, stages=3)]
+        for dt, args, mb in (("bf16", (bf_pool[0], bf_pool[1]), bf_bytes), ("fp8", (views.k, views.v), nbytes)):
+            sc = (views.k_scale, views.v_scale) if dt == "fp8" else (None, None)
+            for mask_full in (False, True):
+                ms = do_bench(lambda: decode_with_partitions(q, *args, tables, lens, scale, ctx, *sc,  # noqa: B023
+                                                             mask_full_tiles=mask_full),
+                              warmup=25, rep=200, return_mode="median")
+                print(f"{seqs}x{ctx} {dt} real kernel mask_full_tiles={mask_full}: {ms:.3f} ms "
+                      f"{mb / ms / 1e6:.0f} GB/s", flush=True)
+        if quick:
+            continue
+        for kw in (dict(), dict(even=True), dict(even=True, stages=3)):
+            fn = lambda: probe(q, bf_pool[0], bf_pool[1], views.k_scale, views.v_scale, tables, lens, scale,  # noqa: E731
+                               noscale=True, up_bf16=True, block_n=64, **kw)
+            ms = do_bench(fn, warmup=25, rep=200, return_mode="median")
+            print(f"{seqs}x{ctx} bf16 probe {kw}: {ms:.3f} ms {bf_bytes / ms / 1e6:.0f} GB/s", flush=True)
+        variants = [dict(), dict(noscale=True), dict(even=True), dict(even=True, fuse=True),
+                    dict(even=True, fuse=True, cvt=1), dict(even=True, fuse=True, cvt=2), dict(cvt=2),
+                    dict(even=True, fuse=True, qk8=True), dict(even=True, fuse=True, cvt=2, stages=3),
+                    dict(even=True, fuse=True, cvt=2, block_n=64), dict(even=True, fuse=True, cvt=2, block_n=256, warps=8),
+                    dict(even=True, fuse=True, noscale=True), dict(even=True, fuse=True, cvt=2, noscale=True)]
         for kw in variants:
             try:
                 fn = lambda: probe(q, views.k, views.v, views.k_scale, views.v_scale, tables, lens, scale, **kw)  # noqa: E731
@@ -142,4 +220,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    main(quick="--quick" in sys.argv)

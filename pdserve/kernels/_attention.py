@@ -12,11 +12,20 @@ import triton.language as tl
 
 
 @triton.jit
+def _ld(ptr, mask, MASKED: tl.constexpr):
+    if MASKED:
+        return tl.load(ptr, mask=mask, other=0.0)
+    else:
+        return tl.load(ptr)
+
+
+@triton.jit
 def paged_offsets(bt_row, t, tmask, stride_cn, stride_cs, kvh, stride_sn, stride_ss, stride_sh,
-                  S: tl.constexpr, QUANT: tl.constexpr):
+                  S: tl.constexpr, QUANT: tl.constexpr, MASK_T: tl.constexpr = True):
     """Element offsets (int64) of tokens t of one sequence inside a paged cache view, and of
-    their float32 scales (KV head kvh) when QUANT (else the same offsets); one table lookup."""
-    page = tl.load(bt_row + t // S, mask=tmask, other=0).to(tl.int64)
+    their float32 scales (KV head kvh) when QUANT (else the same offsets); one table lookup.
+    MASK_T=False: every t is a token of the sequence (no load mask)."""
+    page = _ld(bt_row + t // S, tmask, MASK_T).to(tl.int64)
     slot = (t % S).to(tl.int64)
     tok_off = page * stride_cn + slot * stride_cs
     sc_off = tok_off
@@ -47,38 +56,104 @@ def mm(a, b, PRECISION: tl.constexpr, DOT_F32: tl.constexpr):
 
 
 @triton.jit
+def _fp8_bits_to_fp16(x):
+    """fp8 e4m3 bits -> fp16 by moving the fields (sign; exponent and mantissa one bit right):
+    fp16's exponent bias (15) exceeds e4m3's (7) by 8, so every value, subnormals included,
+    comes out exactly 2^-8 of the true one (UPCAST_GAIN undoes it); NaN codes become finite,
+    but quantized writes never store them. Cheaper than Triton's convert on an H200
+    (bench/fp8_probe.py): prmt/shr/and/or on four bytes at a time instead of cvt.f16x2.e4m3x2."""
+    return tl.inline_asm_elementwise(
+        asm="""{
+        .reg .b32 a, b, t;
+        prmt.b32 a, $2, 0, 0x1404;
+        prmt.b32 b, $2, 0, 0x3424;
+        shr.b32 t, a, 1;
+        and.b32 t, t, 0x3F803F80;
+        and.b32 a, a, 0x80008000;
+        or.b32 $0, a, t;
+        shr.b32 t, b, 1;
+        and.b32 t, t, 0x3F803F80;
+        and.b32 b, b, 0x80008000;
+        or.b32 $1, b, t;
+        }""",
+        constraints="=r,=r,r", args=[x.to(tl.uint8, bitcast=True)], dtype=tl.float16,
+        is_pure=True, pack=4)
+
+
+@triton.jit
+def upcast(x, qtype, DOT_F32: tl.constexpr):
+    """A quantized K/V tile as the dots take it, times upcast_gain(x) (fp8 only: see
+    _fp8_bits_to_fp16). The interpreter, which runs no PTX, does the same field moves with
+    integer ops (so CPU tests check the math) and dots in fp32 (see mm)."""
+    if x.dtype == tl.float8e4nv:
+        if DOT_F32:
+            u = x.to(tl.uint8, bitcast=True).to(tl.uint16)
+            y = (((u & 0x80) << 8) | ((u & 0x7F) << 7)).to(tl.float16, bitcast=True).to(tl.float32)
+        else:
+            y = _fp8_bits_to_fp16(x)
+    else:
+        # the interpreter mis-converts int8 -> bf16; it upcasts to fp32 anyway (DOT_F32)
+        y = x.to(tl.float32) if DOT_F32 else x.to(qtype)
+    return y
+
+
+@triton.jit
+def upcast_gain(x):
+    """What upcast's values must be multiplied by (a power of two: exact)."""
+    if x.dtype == tl.float8e4nv:
+        return 256.0
+    else:
+        return 1.0
+
+
+@triton.jit
 def attend_tile(
     q, kc_ptr, vc_ptr, tok_off, head_off, dmask, tmask, valid,
     m_i, l_i, acc, scale_log2, PRECISION: tl.constexpr, DOT_F32: tl.constexpr,
-    ks_ptr, vs_ptr, sc_off, QUANT: tl.constexpr,
+    ks_ptr, vs_ptr, sc_off, QUANT: tl.constexpr, MASK_T: tl.constexpr, MASK_D: tl.constexpr,
 ):
     """One online-softmax step of rows q [M, D] over a KV tile (log2 domain, fp32 state).
 
     tok_off [N]: token offsets from kv_token_offsets; head_off [D]: head * row + d;
     valid [M, N]: which (row, key) pairs attend. Every row must see at least one valid key
     in the first tile it processes, so the running max is finite from then on.
+    MASK_T=False: every token of the tile is valid (tmask and valid are ignored);
+    MASK_D=False: dmask is all true. Unmasked loads are cheaper (bench/fp8_probe.py).
     QUANT: K/V are fp8/int8 with per-token scales at ks_ptr/vs_ptr + sc_off [N]; the K scale
     multiplies score columns and the V scale the probabilities, so tiles are only upcast
-    (exactly) to q's dtype and no dequantized copy is ever written.
+    (exactly, see upcast) and no dequantized copy is ever written.
     """
-    kmask = dmask[:, None] & tmask[None, :]
-    k = tl.load(kc_ptr + tok_off[None, :] + head_off[:, None], mask=kmask, other=0.0)
+    if MASK_T and MASK_D:
+        kmask = dmask[:, None] & tmask[None, :]
+    elif MASK_T:
+        kmask = tmask[None, :]
+    else:
+        kmask = dmask[:, None]
+    k = _ld(kc_ptr + tok_off[None, :] + head_off[:, None], kmask, MASK_T or MASK_D)
     if QUANT:
-        # the interpreter mis-converts int8 -> bf16; it upcasts to fp32 anyway (DOT_F32)
-        k = k.to(tl.float32) if DOT_F32 else k.to(q.dtype)
-    s = mm(q, k, PRECISION, DOT_F32) * scale_log2
-    if QUANT:
-        s = s * tl.load(ks_ptr + sc_off, mask=tmask, other=0.0)[None, :]
-    s = tl.where(valid, s, float("-inf"))
+        k_gain = upcast_gain(k)
+        k = upcast(k, q.dtype, DOT_F32)
+        s = mm(q, k, PRECISION, DOT_F32)
+        s = s * (_ld(ks_ptr + sc_off, tmask, MASK_T) * (scale_log2 * k_gain))[None, :]
+    else:
+        s = mm(q, k, PRECISION, DOT_F32) * scale_log2
+    if MASK_T:
+        s = tl.where(valid, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    vmask = tmask[:, None] & dmask[None, :]
-    v = tl.load(vc_ptr + tok_off[:, None] + head_off[None, :], mask=vmask, other=0.0)
+    if MASK_T and MASK_D:
+        vmask = tmask[:, None] & dmask[None, :]
+    elif MASK_T:
+        vmask = tmask[:, None]
+    else:
+        vmask = dmask[None, :]
+    v = _ld(vc_ptr + tok_off[:, None] + head_off[None, :], vmask, MASK_T or MASK_D)
     pv = p
     if QUANT:
-        v = v.to(tl.float32) if DOT_F32 else v.to(q.dtype)
-        pv = p * tl.load(vs_ptr + sc_off, mask=tmask, other=0.0)[None, :]
+        v_gain = upcast_gain(v)
+        v = upcast(v, q.dtype, DOT_F32)
+        pv = p * (_ld(vs_ptr + sc_off, tmask, MASK_T) * v_gain)[None, :]
     acc = acc * alpha[:, None] + mm(pv.to(v.dtype), v, PRECISION, DOT_F32)
     return m_new, l_i, acc

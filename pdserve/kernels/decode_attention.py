@@ -32,8 +32,9 @@ def _decode_kernel(
     stride_op, stride_sn, stride_ss, stride_sh,
     scale_log2, head_dim, num_parts,
     G: tl.constexpr, G_PAD: tl.constexpr, S: tl.constexpr,
-    D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, PART: tl.constexpr, SPLIT: tl.constexpr,
+    D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
     PRECISION: tl.constexpr, DOT_F32: tl.constexpr, QUANT: tl.constexpr,
+    EVEN_D: tl.constexpr, MASK_FULL: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
@@ -52,15 +53,31 @@ def _decode_kernel(
     acc = tl.zeros([G_PAD, D_PAD], tl.float32)
     bt_row = bt_ptr + b * stride_bt
     head_off = kvh * stride_ch + d
-    end = tl.minimum(part * PART + PART, seq_len)
-    for t0 in range(part * PART, end, BLOCK_N):
+    # The sequence splits evenly over the partitions in whole tiles, so a short one
+    # occupies few of them (the count is fixed by the table width) and a long one all.
+    chunk = tl.cdiv(tl.cdiv(seq_len, num_parts), BLOCK_N) * BLOCK_N
+    start = part * chunk
+    end = tl.minimum(start + chunk, seq_len)
+    full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
+    for t0 in range(start, full_end, BLOCK_N):
         t = t0 + tl.arange(0, BLOCK_N)
+        tmask = t < end
+        tok_off, sc_off = paged_offsets(bt_row, t, tmask, stride_cn, stride_cs, kvh, stride_sn,
+                                        stride_ss, stride_sh, S, QUANT, MASK_FULL)
+        m_i, l_i, acc = attend_tile(
+            q, kc_ptr, vc_ptr, tok_off, head_off, dmask, tmask, tmask[None, :],
+            m_i, l_i, acc, scale_log2, PRECISION, DOT_F32, ks_ptr, vs_ptr, sc_off, QUANT,
+            MASK_FULL, not EVEN_D,
+        )
+    if full_end < end:
+        t = full_end + tl.arange(0, BLOCK_N)
         tmask = t < end
         tok_off, sc_off = paged_offsets(bt_row, t, tmask, stride_cn, stride_cs, kvh, stride_sn,
                                         stride_ss, stride_sh, S, QUANT)
         m_i, l_i, acc = attend_tile(
             q, kc_ptr, vc_ptr, tok_off, head_off, dmask, tmask, tmask[None, :],
             m_i, l_i, acc, scale_log2, PRECISION, DOT_F32, ks_ptr, vs_ptr, sc_off, QUANT,
+            True, not EVEN_D,
         )
     has = l_i > 0
     o = acc / tl.where(has, l_i, 1.0)[:, None]
@@ -143,10 +160,14 @@ def decode_with_partitions(
     block_n: int | None = None,
     num_warps: int = 4,
     num_stages: int = 2,
+    mask_full_tiles: bool | None = None,
 ) -> torch.Tensor:
-    """paged_decode_attention with an explicit split-K partition size (power of two >= 16);
-    block_n (keys per tile, a power of two; default 64, 128 over fp8/int8 caches, whose tiles
-    are half the bytes: measured best on an H200), num_warps and num_stages are tuning knobs."""
+    """paged_decode_attention with an explicit split-K partition size (power of two >= 16):
+    the partition count is the table's token width over it, and each sequence spreads over
+    them evenly in whole tiles. block_n (keys per tile, a power of two; default 64, 128 over
+    fp8/int8 caches, whose tiles are half the bytes: measured best on an H200), num_warps,
+    num_stages and mask_full_tiles (load tiles wholly inside the sequence with masks too;
+    default: only over bf16/fp16/fp32 caches) are tuning knobs."""
     quant = check_scales(k_cache, k_scale, v_scale)
     group, d = check_attention_inputs(q, k_cache, v_cache, block_tables, quant)
     if block_n is None:
@@ -182,8 +203,9 @@ def decode_with_partitions(
         *(ks.stride()[:3] if quant else (0, 0, 0)),
         scale * math.log2(math.e), d, parts,
         G=group, G_PAD=max(16, next_pow2(group)), S=s, D_PAD=d_pad,
-        BLOCK_N=min(block_n, partition_size), PART=partition_size, SPLIT=split,
+        BLOCK_N=min(block_n, partition_size), SPLIT=split,
         PRECISION=dot_precision(q.dtype), DOT_F32=interpreting(), QUANT=quant,
+        EVEN_D=d_pad == d, MASK_FULL=not quant if mask_full_tiles is None else mask_full_tiles,
         num_warps=num_warps, num_stages=num_stages,
     )
     if split:

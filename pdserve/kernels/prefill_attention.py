@@ -82,6 +82,7 @@ def _prefill_kernel(
         m_i, l_i, acc = attend_tile(
             q, kc_ptr, vc_ptr, tok_off, head_off, dmask, tmask, valid,
             m_i, l_i, acc, scale_log2, PRECISION, DOT_F32, ks_ptr, vs_ptr, sc_off, QUANT,
+            True, True,
         )
     o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     dst = out_ptr + tok[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :]

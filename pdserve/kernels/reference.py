@@ -27,6 +27,11 @@ def rms_norm(
     return (out * weight.float()).to(x.dtype), x
 
 
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weight^T (+ bias): the model's every projection."""
+    return torch.nn.functional.linear(x, weight, bias)
+
+
 def rope_cos_sin(
     head_dim: int,
     max_position: int,

@@ -107,7 +107,7 @@ class LlamaModel:
             x, residual = self.ops.rms_norm(h, lw["in_norm"], eps, residual)
             h = self._attention(l, lw, x, positions, meta, kv_pool, layer_hook)
             x, residual = self.ops.rms_norm(h, lw["post_norm"], eps, residual)
-            h = F.linear(self.ops.silu_and_mul(F.linear(x, lw["gate_up"])), lw["down"])
+            h = self.ops.linear(self.ops.silu_and_mul(self.ops.linear(x, lw["gate_up"])), lw["down"])
         if meta.logits_indices is not None:
             # Only the sampled tokens need the final norm and the (large) lm_head.
             h, residual = h[meta.logits_indices], residual[meta.logits_indices]  # type: ignore[index]
@@ -116,7 +116,7 @@ class LlamaModel:
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[n, H] -> float32 logits [n, V]."""
-        return F.linear(hidden, self.w["lm_head"]).float()
+        return self.ops.linear(hidden, self.w["lm_head"]).float()
 
     def _attention(
         self, l: int, lw: dict[str, torch.Tensor], x: torch.Tensor, positions: torch.Tensor,
@@ -124,7 +124,7 @@ class LlamaModel:
     ) -> torch.Tensor:
         spec, ops = self.spec, self.ops
         t, d = x.shape[0], spec.head_dim
-        q, k, v = F.linear(x, lw["qkv"], lw.get("qkv_bias")).split(self._split, dim=-1)
+        q, k, v = ops.linear(x, lw["qkv"], lw.get("qkv_bias")).split(self._split, dim=-1)
         q = q.reshape(t, spec.num_heads, d)
         k = k.reshape(t, spec.num_kv_heads, d)
         v = v.reshape(t, spec.num_kv_heads, d)
@@ -148,4 +148,4 @@ class LlamaModel:
                 q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
                 self.scale, *quant,
             )
-        return F.linear(o.reshape(t, spec.num_heads * d), lw["o"], lw.get("o_bias"))
+        return ops.linear(o.reshape(t, spec.num_heads * d), lw["o"], lw.get("o_bias"))

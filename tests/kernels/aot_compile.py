@@ -17,6 +17,7 @@ from triton.compiler import ASTSource
 assert os.environ.get("TRITON_INTERPRET", "0") != "1", "run with TRITON_INTERPRET unset"
 
 from pdserve.kernels.decode_attention import _decode_kernel, _merge_kernel  # noqa: E402
+from pdserve.kernels.gemv import _gemv_kernel  # noqa: E402
 from pdserve.kernels.prefill_attention import _prefill_kernel  # noqa: E402
 from pdserve.kernels.rms_norm import _rms_norm_kernel  # noqa: E402
 from pdserve.kernels.copy_blocks import _copy_blocks_kernel  # noqa: E402
@@ -53,8 +54,8 @@ def attention(dt: str, cache_dt: str) -> None:
         ptrs = {**cache, "out_ptr": "*fp32" if split else f"*{dt}", "lse_ptr": "*fp32"}
         compile_kernel(_decode_kernel, ptrs, {
             "G": group, "G_PAD": 16, "S": 16, "D_PAD": 128, "BLOCK_N": 64,
-            "PART": 1024, "SPLIT": split, "PRECISION": "tf32", "DOT_F32": False,
-            "QUANT": quant,
+            "SPLIT": split, "PRECISION": "tf32", "DOT_F32": False,
+            "QUANT": quant, "EVEN_D": group != 7, "MASK_FULL": not quant,
         }, num_warps=4, num_stages=2)
     compile_kernel(_merge_kernel, {"part_ptr": "*fp32", "lse_ptr": "*fp32", "out_ptr": f"*{dt}"},
                    {"P_PAD": 4, "D_PAD": 128})
@@ -77,6 +78,9 @@ def elementwise(dt: str) -> None:
             "pos_ptr": "*i64", "cs_ptr": "*fp32"}
     compile_kernel(_rotary_kernel, ptrs,
                    {"HALF": 32, "BLOCK_HQ": 32, "BLOCK_HK": 8, "BLOCK_HALF": 32, "BLOCK_PASS": 64})
+    for even_k, bias in ((True, False), (False, True)):
+        compile_kernel(_gemv_kernel, {"x_ptr": f"*{dt}", "w_ptr": f"*{dt}", "b_ptr": f"*{dt}", "out_ptr": f"*{dt}"},
+                       {"BLOCK_N": 8, "BLOCK_K": 512, "EVEN_K": even_k, "HAS_BIAS": bias})
     compile_kernel(_copy_blocks_kernel, {p: "*i32" for p in ("src_ptr", "dst_ptr", "src_ids_ptr", "dst_ids_ptr")},
                    {"BLOCK": 2048})
     for cache_dt, qmax, is_int in ((dt, 1.0, False), ("fp8e4nv", 448.0, False), ("i8", 127.0, True)):

@@ -58,3 +58,18 @@ def test_default_partition_splits_only_when_the_grid_is_small() -> None:
     assert default_partition_size(1, 1, 8192, DEVICE) == 256  # one long sequence: max split
     assert default_partition_size(1024, 8, 4096, DEVICE) == 4096  # big batch: no split
     assert default_partition_size(4, 2, 64, DEVICE) == 256  # short context: one partition
+
+
+@pytest.mark.parametrize("mask_full", [False, True])
+@pytest.mark.parametrize(("head_dim", "partition"), [(64, 16), (80, 64)])
+def test_decode_wide_table_spreads_each_sequence(mask_full: bool, head_dim: int, partition: int) -> None:
+    """A table far wider than the sequences: each one spreads over the partitions in whole
+    tiles (a 100-token one over 7 of 32 at partition 16), the rest stay empty; full tiles are
+    read with or without masks."""
+    pool = make_pool(1, 40, BLOCK, 2, head_dim, torch.float32)
+    tables = make_block_tables(SEQ_LENS, BLOCK, 40, width=32)
+    lens = torch.tensor(SEQ_LENS, dtype=torch.int32, device=DEVICE)
+    q = torch.randn(len(SEQ_LENS), 8, head_dim, device=DEVICE)
+    out = decode_with_partitions(q, pool[0, 0], pool[0, 1], tables, lens, 0.1, partition,
+                                 mask_full_tiles=mask_full)
+    assert_close(out, reference.paged_decode_attention(q, pool[0, 0], pool[0, 1], tables, lens, 0.1))

@@ -107,3 +107,19 @@ def test_scales_must_come_in_pairs() -> None:
         paged_decode_attention(q, kv.k, kv.v, tables, lens, 0.1, kv.k_scale, None)
     with pytest.raises(AssertionError, match="dtypes differ"):
         paged_decode_attention(q, kv.k, kv.v, tables, lens, 0.1)
+
+
+@pytest.mark.parametrize("qdtype", QDTYPES)
+@pytest.mark.parametrize("mask_full", [False, True])
+@pytest.mark.parametrize("partition", [16, 64])
+def test_decode_quantized_wide_table_odd_head_dim(qdtype, mask_full, partition) -> None:
+    """A table wider than any sequence (most partitions empty, the rest split evenly in whole
+    tiles: full unmasked tiles and a masked tail) and a head dim that is no power of two."""
+    lens_list, d, group = [3, 70, 129], 80, 2
+    _, kv = _quant_pool(qdtype, d)
+    tables = make_block_tables(lens_list, BLOCK, NBLOCKS, width=NBLOCKS)
+    lens = torch.tensor(lens_list, dtype=torch.int32, device=DEVICE)
+    q = torch.randn(len(lens_list), HK * group, d, dtype=torch.bfloat16, device=DEVICE)
+    out = decode_with_partitions(q, kv.k, kv.v, tables, lens, 0.1, partition, kv.k_scale, kv.v_scale,
+                                 mask_full_tiles=mask_full)
+    assert_close(out, reference.paged_decode_attention(q, kv.k, kv.v, tables, lens, 0.1, kv.k_scale, kv.v_scale))
