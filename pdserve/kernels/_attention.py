@@ -21,11 +21,16 @@ def _ld(ptr, mask, MASKED: tl.constexpr):
 
 @triton.jit
 def paged_offsets(bt_row, t, tmask, stride_cn, stride_cs, kvh, stride_sn, stride_ss, stride_sh,
-                  S: tl.constexpr, QUANT: tl.constexpr, MASK_T: tl.constexpr = True):
+                  S: tl.constexpr, QUANT: tl.constexpr, MASK_T: tl.constexpr = 1, last_page=0):
     """Element offsets (int64) of tokens t of one sequence inside a paged cache view, and of
     their float32 scales (KV head kvh) when QUANT (else the same offsets); one table lookup.
-    MASK_T=False: every t is a token of the sequence (no load mask)."""
-    page = _ld(bt_row + t // S, tmask, MASK_T).to(tl.int64)
+    MASK_T (see attend_tile) 0: every t is a token of the sequence; 1: tokens outside tmask
+    get page 0; 2: their page index is capped at last_page, so they read the sequence's last
+    page again (allocated memory, never stored to) without a load mask."""
+    if MASK_T == 2:
+        page = tl.load(bt_row + tl.minimum(t // S, last_page)).to(tl.int64)
+    else:
+        page = _ld(bt_row + t // S, tmask, MASK_T == 1).to(tl.int64)
     slot = (t % S).to(tl.int64)
     tok_off = page * stride_cn + slot * stride_cs
     sc_off = tok_off
@@ -91,6 +96,8 @@ def upcast(x, qtype, DOT_F32: tl.constexpr):
             y = (((u & 0x80) << 8) | ((u & 0x7F) << 7)).to(tl.float16, bitcast=True).to(tl.float32)
         else:
             y = _fp8_bits_to_fp16(x)
+            if qtype != tl.float16:
+                y = y.to(qtype)  # fp32 queries: exact
     else:
         # the interpreter mis-converts int8 -> bf16; it upcasts to fp32 anyway (DOT_F32)
         y = x.to(tl.float32) if DOT_F32 else x.to(qtype)
@@ -117,43 +124,49 @@ def attend_tile(
     tok_off [N]: token offsets from kv_token_offsets; head_off [D]: head * row + d;
     valid [M, N]: which (row, key) pairs attend. Every row must see at least one valid key
     in the first tile it processes, so the running max is finite from then on.
-    MASK_T=False: every token of the tile is valid (tmask and valid are ignored);
+    MASK_T 0: every token of the tile is valid (tmask and valid are ignored); 1: loads are
+    masked by tmask and scores by valid; 2 (quantized caches only, offsets from paged_offsets
+    with MASK_T 2): loads are unmasked, scores masked by valid and V scales by tmask, which is
+    safe because a quantized tile upcasts to finite values whatever its bytes (see upcast).
     MASK_D=False: dmask is all true. Unmasked loads are cheaper (bench/fp8_probe.py).
     QUANT: K/V are fp8/int8 with per-token scales at ks_ptr/vs_ptr + sc_off [N]; the K scale
     multiplies score columns and the V scale the probabilities, so tiles are only upcast
     (exactly, see upcast) and no dequantized copy is ever written.
     """
-    if MASK_T and MASK_D:
+    if (MASK_T == 1) and MASK_D:
         kmask = dmask[:, None] & tmask[None, :]
-    elif MASK_T:
+    elif (MASK_T == 1):
         kmask = tmask[None, :]
     else:
         kmask = dmask[:, None]
-    k = _ld(kc_ptr + tok_off[None, :] + head_off[:, None], kmask, MASK_T or MASK_D)
+    k = _ld(kc_ptr + tok_off[None, :] + head_off[:, None], kmask, (MASK_T == 1) or MASK_D)
     if QUANT:
         k_gain = upcast_gain(k)
         k = upcast(k, q.dtype, DOT_F32)
         s = mm(q, k, PRECISION, DOT_F32)
-        s = s * (_ld(ks_ptr + sc_off, tmask, MASK_T) * (scale_log2 * k_gain))[None, :]
+        s = s * (_ld(ks_ptr + sc_off, tmask, (MASK_T == 1)) * (scale_log2 * k_gain))[None, :]
     else:
         s = mm(q, k, PRECISION, DOT_F32) * scale_log2
-    if MASK_T:
+    if MASK_T != 0:
         s = tl.where(valid, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    if MASK_T and MASK_D:
+    if (MASK_T == 1) and MASK_D:
         vmask = tmask[:, None] & dmask[None, :]
-    elif MASK_T:
+    elif (MASK_T == 1):
         vmask = tmask[:, None]
     else:
         vmask = dmask[None, :]
-    v = _ld(vc_ptr + tok_off[:, None] + head_off[None, :], vmask, MASK_T or MASK_D)
+    v = _ld(vc_ptr + tok_off[:, None] + head_off[None, :], vmask, (MASK_T == 1) or MASK_D)
     pv = p
     if QUANT:
         v_gain = upcast_gain(v)
         v = upcast(v, q.dtype, DOT_F32)
-        pv = p * (_ld(vs_ptr + sc_off, tmask, MASK_T) * v_gain)[None, :]
+        vs = _ld(vs_ptr + sc_off, tmask, (MASK_T == 1))
+        if MASK_T == 2:
+            vs = tl.where(tmask, vs, 0.0)  # p is 0 there, but a stray scale may be inf/NaN
+        pv = p * (vs * v_gain)[None, :]
     acc = acc * alpha[:, None] + mm(pv.to(v.dtype), v, PRECISION, DOT_F32)
     return m_new, l_i, acc

@@ -22,6 +22,7 @@ from pdserve.kernels._common import check_scales
 from pdserve.kernels._common import dot_precision, interpreting, next_pow2, num_sms
 
 _MIN_PARTITION = 256
+_TILES = {"masked": 0, "tail": 1, "soft": 2}
 _PROGRAMS_PER_SM = 8
 
 
@@ -34,7 +35,7 @@ def _decode_kernel(
     G: tl.constexpr, G_PAD: tl.constexpr, S: tl.constexpr,
     D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
     PRECISION: tl.constexpr, DOT_F32: tl.constexpr, QUANT: tl.constexpr,
-    EVEN_D: tl.constexpr, MASK_FULL: tl.constexpr,
+    EVEN_D: tl.constexpr, TILES: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
@@ -58,27 +59,40 @@ def _decode_kernel(
     chunk = tl.cdiv(tl.cdiv(seq_len, num_parts), BLOCK_N) * BLOCK_N
     start = part * chunk
     end = tl.minimum(start + chunk, seq_len)
-    full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
-    for t0 in range(start, full_end, BLOCK_N):
-        t = t0 + tl.arange(0, BLOCK_N)
-        tmask = t < end
-        tok_off, sc_off = paged_offsets(bt_row, t, tmask, stride_cn, stride_cs, kvh, stride_sn,
-                                        stride_ss, stride_sh, S, QUANT, MASK_FULL)
-        m_i, l_i, acc = attend_tile(
-            q, kc_ptr, vc_ptr, tok_off, head_off, dmask, tmask, tmask[None, :],
-            m_i, l_i, acc, scale_log2, PRECISION, DOT_F32, ks_ptr, vs_ptr, sc_off, QUANT,
-            MASK_FULL, not EVEN_D,
-        )
-    if full_end < end:
-        t = full_end + tl.arange(0, BLOCK_N)
-        tmask = t < end
-        tok_off, sc_off = paged_offsets(bt_row, t, tmask, stride_cn, stride_cs, kvh, stride_sn,
-                                        stride_ss, stride_sh, S, QUANT)
-        m_i, l_i, acc = attend_tile(
-            q, kc_ptr, vc_ptr, tok_off, head_off, dmask, tmask, tmask[None, :],
-            m_i, l_i, acc, scale_log2, PRECISION, DOT_F32, ks_ptr, vs_ptr, sc_off, QUANT,
-            True, not EVEN_D,
-        )
+    if TILES == 2:  # quantized: one loop, unmasked loads (see attend_tile's MASK_T 2)
+        last_page = tl.maximum(seq_len - 1, 0) // S
+        for t0 in range(start, end, BLOCK_N):
+            t = t0 + tl.arange(0, BLOCK_N)
+            tmask = t < end
+            tok_off, sc_off = paged_offsets(bt_row, t, tmask, stride_cn, stride_cs, kvh, stride_sn,
+                                            stride_ss, stride_sh, S, QUANT, 2, last_page)
+            m_i, l_i, acc = attend_tile(
+                q, kc_ptr, vc_ptr, tok_off, head_off, dmask, tmask, tmask[None, :],
+                m_i, l_i, acc, scale_log2, PRECISION, DOT_F32, ks_ptr, vs_ptr, sc_off, QUANT,
+                2, not EVEN_D,
+            )
+    else:  # whole tiles unmasked (TILES 1) or masked (0), then a masked tail
+        full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
+        for t0 in range(start, full_end, BLOCK_N):
+            t = t0 + tl.arange(0, BLOCK_N)
+            tmask = t < end
+            tok_off, sc_off = paged_offsets(bt_row, t, tmask, stride_cn, stride_cs, kvh, stride_sn,
+                                            stride_ss, stride_sh, S, QUANT, 1 - TILES)
+            m_i, l_i, acc = attend_tile(
+                q, kc_ptr, vc_ptr, tok_off, head_off, dmask, tmask, tmask[None, :],
+                m_i, l_i, acc, scale_log2, PRECISION, DOT_F32, ks_ptr, vs_ptr, sc_off, QUANT,
+                1 - TILES, not EVEN_D,
+            )
+        if full_end < end:
+            t = full_end + tl.arange(0, BLOCK_N)
+            tmask = t < end
+            tok_off, sc_off = paged_offsets(bt_row, t, tmask, stride_cn, stride_cs, kvh, stride_sn,
+                                            stride_ss, stride_sh, S, QUANT)
+            m_i, l_i, acc = attend_tile(
+                q, kc_ptr, vc_ptr, tok_off, head_off, dmask, tmask, tmask[None, :],
+                m_i, l_i, acc, scale_log2, PRECISION, DOT_F32, ks_ptr, vs_ptr, sc_off, QUANT,
+                1, not EVEN_D,
+            )
     has = l_i > 0
     o = acc / tl.where(has, l_i, 1.0)[:, None]
     dst = out_ptr + b * stride_ob + heads[:, None] * stride_oh + part * stride_op + d[None, :]
@@ -160,16 +174,21 @@ def decode_with_partitions(
     block_n: int | None = None,
     num_warps: int = 4,
     num_stages: int = 2,
-    mask_full_tiles: bool | None = None,
+    tiles: str | None = None,
 ) -> torch.Tensor:
     """paged_decode_attention with an explicit split-K partition size (power of two >= 16):
     the partition count is the table's token width over it, and each sequence spreads over
     them evenly in whole tiles. block_n (keys per tile, a power of two; default 64, 128 over
     fp8/int8 caches, whose tiles are half the bytes: measured best on an H200), num_warps,
-    num_stages and mask_full_tiles (load tiles wholly inside the sequence with masks too;
-    default: only over bf16/fp16/fp32 caches) are tuning knobs."""
+    num_stages and tiles are tuning knobs. tiles: "masked" (every tile's loads masked),
+    "tail" (tiles wholly inside the sequence unmasked, the last one masked; the default over
+    bf16/fp16/fp32 caches) or "soft" (quantized caches only, the default there: no load
+    masks at all, scores masked; see attend_tile)."""
     quant = check_scales(k_cache, k_scale, v_scale)
     group, d = check_attention_inputs(q, k_cache, v_cache, block_tables, quant)
+    tiles = tiles or ("soft" if quant else "tail")
+    assert tiles in _TILES, f"tiles {tiles!r} must be one of {sorted(_TILES)}"
+    assert quant or tiles != "soft", "tiles='soft' needs a quantized cache (finite whatever its bytes)"
     if block_n is None:
         block_n = 128 if quant and not interpreting() else 64
     check_dim("seq_lens", seq_lens, 1)
@@ -205,7 +224,7 @@ def decode_with_partitions(
         G=group, G_PAD=max(16, next_pow2(group)), S=s, D_PAD=d_pad,
         BLOCK_N=min(block_n, partition_size), SPLIT=split,
         PRECISION=dot_precision(q.dtype), DOT_F32=interpreting(), QUANT=quant,
-        EVEN_D=d_pad == d, MASK_FULL=not quant if mask_full_tiles is None else mask_full_tiles,
+        EVEN_D=d_pad == d, TILES=_TILES[tiles],
         num_warps=num_warps, num_stages=num_stages,
     )
     if split:

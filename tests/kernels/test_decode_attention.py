@@ -60,9 +60,9 @@ def test_default_partition_splits_only_when_the_grid_is_small() -> None:
     assert default_partition_size(4, 2, 64, DEVICE) == 256  # short context: one partition
 
 
-@pytest.mark.parametrize("mask_full", [False, True])
+@pytest.mark.parametrize("tiles", ["masked", "tail"])
 @pytest.mark.parametrize(("head_dim", "partition"), [(64, 16), (80, 64)])
-def test_decode_wide_table_spreads_each_sequence(mask_full: bool, head_dim: int, partition: int) -> None:
+def test_decode_wide_table_spreads_each_sequence(tiles: str, head_dim: int, partition: int) -> None:
     """A table far wider than the sequences: each one spreads over the partitions in whole
     tiles (a 100-token one over 7 of 32 at partition 16), the rest stay empty; full tiles are
     read with or without masks."""
@@ -71,5 +71,13 @@ def test_decode_wide_table_spreads_each_sequence(mask_full: bool, head_dim: int,
     lens = torch.tensor(SEQ_LENS, dtype=torch.int32, device=DEVICE)
     q = torch.randn(len(SEQ_LENS), 8, head_dim, device=DEVICE)
     out = decode_with_partitions(q, pool[0, 0], pool[0, 1], tables, lens, 0.1, partition,
-                                 mask_full_tiles=mask_full)
+                                 tiles=tiles)
     assert_close(out, reference.paged_decode_attention(q, pool[0, 0], pool[0, 1], tables, lens, 0.1))
+
+
+def test_decode_refuses_soft_tiles_over_a_float_cache() -> None:
+    q, kc, vc, tables, lens = _case(torch.float32, 1, 64)
+    with pytest.raises(AssertionError, match="needs a quantized cache"):
+        decode_with_partitions(q, kc, vc, tables, lens, 0.1, 16, tiles="soft")
+    with pytest.raises(AssertionError, match="must be one of"):
+        decode_with_partitions(q, kc, vc, tables, lens, 0.1, 16, tiles="none")

@@ -110,16 +110,25 @@ def test_scales_must_come_in_pairs() -> None:
 
 
 @pytest.mark.parametrize("qdtype", QDTYPES)
-@pytest.mark.parametrize("mask_full", [False, True])
+@pytest.mark.parametrize("tiles", ["masked", "tail", "soft"])
 @pytest.mark.parametrize("partition", [16, 64])
-def test_decode_quantized_wide_table_odd_head_dim(qdtype, mask_full, partition) -> None:
+def test_decode_quantized_wide_table_odd_head_dim(qdtype, tiles, partition) -> None:
     """A table wider than any sequence (most partitions empty, the rest split evenly in whole
     tiles: full unmasked tiles and a masked tail) and a head dim that is no power of two."""
     lens_list, d, group = [3, 70, 129], 80, 2
     _, kv = _quant_pool(qdtype, d)
     tables = make_block_tables(lens_list, BLOCK, NBLOCKS, width=NBLOCKS)
     lens = torch.tensor(lens_list, dtype=torch.int32, device=DEVICE)
+    # slots no sequence owns hold NaN codes and inf/NaN scales: they must never reach a result
+    used = torch.zeros(NBLOCKS, BLOCK, dtype=torch.bool, device=DEVICE)
+    for b, n in enumerate(lens_list):
+        t = torch.arange(n, device=DEVICE)
+        used[tables[b, t // BLOCK].long(), t % BLOCK] = True
+    for cache in (kv.k, kv.v):
+        cache.view(torch.uint8)[~used] = 0x7F
+    kv.k_scale[~used] = float("inf")
+    kv.v_scale[~used] = float("nan")
     q = torch.randn(len(lens_list), HK * group, d, dtype=torch.bfloat16, device=DEVICE)
     out = decode_with_partitions(q, kv.k, kv.v, tables, lens, 0.1, partition, kv.k_scale, kv.v_scale,
-                                 mask_full_tiles=mask_full)
+                                 tiles=tiles)
     assert_close(out, reference.paged_decode_attention(q, kv.k, kv.v, tables, lens, 0.1, kv.k_scale, kv.v_scale))
