@@ -159,8 +159,9 @@ def probe(q, kc, vc, ks, vs, tables, lens, scale, *, kt=False, qk8=False, noscal
     return out
 
 
-def main(quick: bool = False) -> None:
-    """quick: only the real kernel, over bf16 and fp8 pools, with each tiles= choice."""
+def main(quick: bool = False, sweep: bool = False) -> None:
+    """quick: only the real kernel, over bf16 and fp8 pools, with each tiles= choice;
+    sweep: also the real kernel's tile, warps and stages."""
     spec = ModelSpec.from_config_dict({
         "model_type": "llama", "hidden_size": HQ * D, "intermediate_size": 256, "num_hidden_layers": 1,
         "num_attention_heads": HQ, "num_key_value_heads": HK, "vocab_size": 256})
@@ -197,6 +198,16 @@ def main(quick: bool = False) -> None:
                               warmup=25, rep=200, return_mode="median")
                 print(f"{seqs}x{ctx} {dt} real kernel tiles={tiles}: {ms:.3f} ms "
                       f"{mb / ms / 1e6:.0f} GB/s", flush=True)
+        if sweep:
+            for dt, args, mb in (("bf16", (bf_pool[0], bf_pool[1]), bf_bytes), ("fp8", (views.k, views.v), nbytes)):
+                sc = (views.k_scale, views.v_scale) if dt == "fp8" else (None, None)
+                for bn, warps, stages in ((64, 4, 2), (64, 4, 3), (128, 4, 2), (128, 4, 3), (128, 4, 4),
+                                          (128, 8, 2), (128, 8, 3), (256, 8, 2)):
+                    ms = do_bench(lambda: decode_with_partitions(q, *args, tables, lens, scale, ctx, *sc,  # noqa: B023
+                                                                 block_n=bn, num_warps=warps, num_stages=stages),  # noqa: B023
+                                  warmup=25, rep=200, return_mode="median")
+                    print(f"{seqs}x{ctx} {dt} real kernel block_n={bn} warps={warps} stages={stages}: {ms:.3f} ms "
+                          f"{mb / ms / 1e6:.0f} GB/s", flush=True)
         if quick:
             continue
         for kw in (dict(), dict(even=True), dict(even=True, stages=3)):
@@ -222,4 +233,4 @@ def main(quick: bool = False) -> None:
 if __name__ == "__main__":
     import sys
 
-    main(quick="--quick" in sys.argv)
+    main(quick="--quick" in sys.argv or "--sweep" in sys.argv, sweep="--sweep" in sys.argv)
