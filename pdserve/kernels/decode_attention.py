@@ -4,8 +4,10 @@ One program handles every query head of one KV head group over one partition of 
 sequence's context (flash-decoding): the K/V tile is loaded once for the whole group, and a
 long context is cut into partitions computed in parallel, so a few long sequences still fill
 the GPU. A second small kernel merges the partitions by their log-sum-exp. The partition
-count comes from the block table's width (no host sync, CUDA-graph friendly); pass a table no
-wider than the longest sequence needs.
+count comes from the block table's width (no host sync, CUDA-graph friendly) and each sequence
+spreads over the partitions evenly in whole tiles, so a table wider than needed costs empty
+programs and a longer merge, not unbalanced work. Tiles wholly inside a sequence are read
+without load masks (see `tiles`).
 """
 
 from __future__ import annotations
