@@ -24,6 +24,8 @@ class Monitor:
         self.timeout_s = timeout_s
         self._task: asyncio.Task | None = None
         router.recheck = self.check_all
+        for w in router.workers:  # unknown until a check passes: a request before it rechecks
+            w.healthy = False
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -45,7 +47,10 @@ class Monitor:
 
     async def _check(self, worker: Worker) -> None:
         try:
-            resp = await worker.health.Check(health_pb2.HealthCheckRequest(service=""), timeout=self.timeout_s)
+            # wait_for_ready: a channel still in reconnect backoff (a worker that came up after the
+            # gateway's first check) connects within the timeout instead of failing at once
+            resp = await worker.health.Check(health_pb2.HealthCheckRequest(service=""), timeout=self.timeout_s,
+                                             wait_for_ready=True)
             ok = resp.status == health_pb2.HealthCheckResponse.SERVING
             if ok:
                 worker.stats = await worker.stub.GetStats(worker_pb2.StatsRequest(), timeout=self.timeout_s)
