@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 from triton.testing import do_bench
 
+from pdserve.kernels._attention import fp8_bits_to_fp16_int, fp8_bits_to_fp16_ptx
 from pdserve.kernels.decode_attention import decode_with_partitions
 from pdserve.model.spec import ModelSpec
 from pdserve.runtime.kv_quant import allocate_quant_pool, layer_views
@@ -43,32 +44,14 @@ def _cvt_gain(CVT: tl.constexpr):
 
 @triton.jit
 def _upcast(x, up, CVT: tl.constexpr):
-    """fp8 e4m3 (or bf16) tile -> the dot type. CVT 0: Triton's convert; 1: integer shifts on
-    the bits (fp16 exponent bias 15 vs 7: values come out 2^-8 of the true ones, exact, even
-    subnormals); 2: the same shifts in PTX on four bytes at a time (prmt + shr + and/or)."""
+    """fp8 e4m3 (or bf16) tile -> the dot type. CVT 0: Triton's convert; 1: the kernels' bit
+    moves as integer ops (values 2^-8 of the true ones, exact); 2: the same in PTX."""
     if CVT == 0 or x.dtype == tl.bfloat16:
         return x.to(up)
     elif CVT == 1:
-        u = x.to(tl.uint8, bitcast=True).to(tl.uint16)
-        h = ((u & 0x80) << 8) | ((u & 0x7F) << 7)
-        return h.to(tl.float16, bitcast=True)
+        return fp8_bits_to_fp16_int(x)
     else:
-        return tl.inline_asm_elementwise(
-            asm="""{
-            .reg .b32 a, b, t;
-            prmt.b32 a, $2, 0, 0x1404;
-            prmt.b32 b, $2, 0, 0x3424;
-            shr.b32 t, a, 1;
-            and.b32 t, t, 0x3F803F80;
-            and.b32 a, a, 0x80008000;
-            or.b32 $0, a, t;
-            shr.b32 t, b, 1;
-            and.b32 t, t, 0x3F803F80;
-            and.b32 b, b, 0x80008000;
-            or.b32 $1, b, t;
-            }""",
-            constraints="=r,=r,r", args=[x.to(tl.uint8, bitcast=True)], dtype=tl.float16,
-            is_pure=True, pack=4)
+        return fp8_bits_to_fp16_ptx(x)
 
 
 @triton.jit

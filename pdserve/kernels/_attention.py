@@ -61,12 +61,20 @@ def mm(a, b, PRECISION: tl.constexpr, DOT_F32: tl.constexpr):
 
 
 @triton.jit
-def _fp8_bits_to_fp16(x):
+def fp8_bits_to_fp16_int(x):
     """fp8 e4m3 bits -> fp16 by moving the fields (sign; exponent and mantissa one bit right):
     fp16's exponent bias (15) exceeds e4m3's (7) by 8, so every value, subnormals included,
-    comes out exactly 2^-8 of the true one (UPCAST_GAIN undoes it); NaN codes become finite,
-    but quantized writes never store them. Cheaper than Triton's convert on an H200
-    (bench/fp8_probe.py): prmt/shr/and/or on four bytes at a time instead of cvt.f16x2.e4m3x2."""
+    comes out exactly 2^-8 of the true one (upcast_gain undoes it); NaN codes become finite,
+    but quantized writes never store them. Integer ops, one element at a time (what the
+    interpreter runs); fp8_bits_to_fp16_ptx is the same on GPUs."""
+    u = x.to(tl.uint8, bitcast=True).to(tl.uint16)
+    return (((u & 0x80) << 8) | ((u & 0x7F) << 7)).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def fp8_bits_to_fp16_ptx(x):
+    """fp8_bits_to_fp16_int in PTX on four bytes at a time (prmt/shr/and/or): cheaper than
+    Triton's convert (cvt.f16x2.e4m3x2) on an H200 (bench/fp8_probe.py)."""
     return tl.inline_asm_elementwise(
         asm="""{
         .reg .b32 a, b, t;
@@ -88,14 +96,13 @@ def _fp8_bits_to_fp16(x):
 @triton.jit
 def upcast(x, qtype, DOT_F32: tl.constexpr):
     """A quantized K/V tile as the dots take it, times upcast_gain(x) (fp8 only: see
-    _fp8_bits_to_fp16). The interpreter, which runs no PTX, does the same field moves with
+    fp8_bits_to_fp16_int). The interpreter, which runs no PTX, does the field moves with
     integer ops (so CPU tests check the math) and dots in fp32 (see mm)."""
     if x.dtype == tl.float8e4nv:
         if DOT_F32:
-            u = x.to(tl.uint8, bitcast=True).to(tl.uint16)
-            y = (((u & 0x80) << 8) | ((u & 0x7F) << 7)).to(tl.float16, bitcast=True).to(tl.float32)
+            y = fp8_bits_to_fp16_int(x).to(tl.float32)
         else:
-            y = _fp8_bits_to_fp16(x)
+            y = fp8_bits_to_fp16_ptx(x)
             if qtype != tl.float16:
                 y = y.to(qtype)  # fp32 queries: exact
     else:
