@@ -29,6 +29,25 @@ _PROGRAMS_PER_SM = 8
 
 
 @triton.jit
+def _attend_from(
+    t0, end, last_page, q, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_row, head_off, dmask, kvh,
+    m_i, l_i, acc, stride_cn, stride_cs, stride_sn, stride_ss, stride_sh, scale_log2,
+    S: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, DOT_F32: tl.constexpr,
+    QUANT: tl.constexpr, MASK_T: tl.constexpr, MASK_D: tl.constexpr,
+):
+    """attend_tile over the BLOCK_N tokens from t0 (those before `end` valid) of one sequence."""
+    t = t0 + tl.arange(0, BLOCK_N)
+    tmask = t < end
+    tok_off, sc_off = paged_offsets(bt_row, t, tmask, stride_cn, stride_cs, kvh, stride_sn,
+                                    stride_ss, stride_sh, S, QUANT, MASK_T, last_page)
+    return attend_tile(
+        q, kc_ptr, vc_ptr, tok_off, head_off, dmask, tmask, tmask[None, :],
+        m_i, l_i, acc, scale_log2, PRECISION, DOT_F32, ks_ptr, vs_ptr, sc_off, QUANT,
+        MASK_T, MASK_D,
+    )
+
+
+@triton.jit
 def _decode_kernel(
     q_ptr, kc_ptr, vc_ptr, bt_ptr, lens_ptr, out_ptr, lse_ptr, ks_ptr, vs_ptr,
     stride_qb, stride_qh, stride_cn, stride_cs, stride_ch, stride_bt, stride_ob, stride_oh,
@@ -61,40 +80,25 @@ def _decode_kernel(
     chunk = tl.cdiv(tl.cdiv(seq_len, num_parts), BLOCK_N) * BLOCK_N
     start = part * chunk
     end = tl.minimum(start + chunk, seq_len)
+    last_page = tl.maximum(seq_len - 1, 0) // S
     if TILES == 2:  # quantized: one loop, unmasked loads (see attend_tile's MASK_T 2)
-        last_page = tl.maximum(seq_len - 1, 0) // S
         for t0 in range(start, end, BLOCK_N):
-            t = t0 + tl.arange(0, BLOCK_N)
-            tmask = t < end
-            tok_off, sc_off = paged_offsets(bt_row, t, tmask, stride_cn, stride_cs, kvh, stride_sn,
-                                            stride_ss, stride_sh, S, QUANT, 2, last_page)
-            m_i, l_i, acc = attend_tile(
-                q, kc_ptr, vc_ptr, tok_off, head_off, dmask, tmask, tmask[None, :],
-                m_i, l_i, acc, scale_log2, PRECISION, DOT_F32, ks_ptr, vs_ptr, sc_off, QUANT,
-                2, not EVEN_D,
-            )
+            m_i, l_i, acc = _attend_from(
+                t0, end, last_page, q, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_row, head_off, dmask, kvh,
+                m_i, l_i, acc, stride_cn, stride_cs, stride_sn, stride_ss, stride_sh, scale_log2,
+                S, BLOCK_N, PRECISION, DOT_F32, QUANT, 2, not EVEN_D)
     else:  # whole tiles unmasked (TILES 1) or masked (0), then a masked tail
         full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
         for t0 in range(start, full_end, BLOCK_N):
-            t = t0 + tl.arange(0, BLOCK_N)
-            tmask = t < end
-            tok_off, sc_off = paged_offsets(bt_row, t, tmask, stride_cn, stride_cs, kvh, stride_sn,
-                                            stride_ss, stride_sh, S, QUANT, 1 - TILES)
-            m_i, l_i, acc = attend_tile(
-                q, kc_ptr, vc_ptr, tok_off, head_off, dmask, tmask, tmask[None, :],
-                m_i, l_i, acc, scale_log2, PRECISION, DOT_F32, ks_ptr, vs_ptr, sc_off, QUANT,
-                1 - TILES, not EVEN_D,
-            )
+            m_i, l_i, acc = _attend_from(
+                t0, end, last_page, q, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_row, head_off, dmask, kvh,
+                m_i, l_i, acc, stride_cn, stride_cs, stride_sn, stride_ss, stride_sh, scale_log2,
+                S, BLOCK_N, PRECISION, DOT_F32, QUANT, 1 - TILES, not EVEN_D)
         if full_end < end:
-            t = full_end + tl.arange(0, BLOCK_N)
-            tmask = t < end
-            tok_off, sc_off = paged_offsets(bt_row, t, tmask, stride_cn, stride_cs, kvh, stride_sn,
-                                            stride_ss, stride_sh, S, QUANT)
-            m_i, l_i, acc = attend_tile(
-                q, kc_ptr, vc_ptr, tok_off, head_off, dmask, tmask, tmask[None, :],
-                m_i, l_i, acc, scale_log2, PRECISION, DOT_F32, ks_ptr, vs_ptr, sc_off, QUANT,
-                1, not EVEN_D,
-            )
+            m_i, l_i, acc = _attend_from(
+                full_end, end, last_page, q, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_row, head_off, dmask, kvh,
+                m_i, l_i, acc, stride_cn, stride_cs, stride_sn, stride_ss, stride_sh, scale_log2,
+                S, BLOCK_N, PRECISION, DOT_F32, QUANT, 1, not EVEN_D)
     has = l_i > 0
     o = acc / tl.where(has, l_i, 1.0)[:, None]
     dst = out_ptr + b * stride_ob + heads[:, None] * stride_oh + part * stride_op + d[None, :]
