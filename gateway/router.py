@@ -26,7 +26,7 @@ KEEPALIVE = [
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
     ("grpc.initial_reconnect_backoff_ms", 200),
-    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.max_reconnect_backoff_ms", 500),  # +-20 % jitter: inside health.Monitor's 1 s check
 ]
 AFFINITY_SLACK_TOKENS = 2048  # the affine prefill worker may be this much busier than the least loaded
 AFFINITY_BLOCK = 16  # prompt tokens hashed for affinity when the worker has not said its block size
