@@ -18,14 +18,12 @@ log = logging.getLogger(__name__)
 class Monitor:
     """Polls every worker each `period_s`: unhealthy ones leave the router, recovered ones come back."""
 
-    def __init__(self, router: Router, period_s: float = 0.5, timeout_s: float = 1.0,
-                 recheck_timeout_s: float = 3.0) -> None:
+    def __init__(self, router: Router, period_s: float = 0.5, timeout_s: float = 1.0) -> None:
         self.router = router
         self.period_s = period_s
         self.timeout_s = timeout_s
-        self.recheck_timeout_s = recheck_timeout_s  # a request with no healthy worker waits this long
         self._task: asyncio.Task | None = None
-        router.recheck = self.recheck
+        router.recheck = self.check_all
         for w in router.workers:  # unknown until a check passes: a request before it rechecks
             w.healthy = False
 
@@ -38,30 +36,24 @@ class Monitor:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
-    async def check_all(self, timeout_s: float | None = None) -> None:
-        """Check every worker now, each call within timeout_s (default: the polling timeout)."""
-        t = self.timeout_s if timeout_s is None else timeout_s
-        await asyncio.gather(*(self._check(w, t) for w in self.router.workers))
-
-    async def recheck(self) -> None:
-        """What a request that finds no healthy worker runs: a check given time for a worker that
-        is just starting (reconnect backoff, a busy first GetStats)."""
-        await self.check_all(self.recheck_timeout_s)
+    async def check_all(self) -> None:
+        """Check every worker now (also used when a request finds no healthy worker)."""
+        await asyncio.gather(*(self._check(w) for w in self.router.workers))
 
     async def _run(self) -> None:
         while True:
             await self.check_all()
             await asyncio.sleep(self.period_s)
 
-    async def _check(self, worker: Worker, timeout_s: float) -> None:
+    async def _check(self, worker: Worker) -> None:
         try:
             # wait_for_ready: a channel still in reconnect backoff (a worker that came up after the
             # gateway's first check) connects within the timeout instead of failing at once
-            resp = await worker.health.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s,
+            resp = await worker.health.Check(health_pb2.HealthCheckRequest(service=""), timeout=self.timeout_s,
                                              wait_for_ready=True)
             ok = resp.status == health_pb2.HealthCheckResponse.SERVING
             if ok:
-                worker.stats = await worker.stub.GetStats(worker_pb2.StatsRequest(), timeout=timeout_s)
+                worker.stats = await worker.stub.GetStats(worker_pb2.StatsRequest(), timeout=self.timeout_s)
         except grpc.aio.AioRpcError:
             ok = False
         if ok != worker.healthy:
