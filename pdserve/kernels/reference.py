@@ -32,6 +32,20 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return torch.nn.functional.linear(x, weight, bias)
 
 
+def norm_linear(
+    x: torch.Tensor, norm_weight: torch.Tensor, eps: float, residual: torch.Tensor | None,
+    weight: torch.Tensor, bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """rms_norm then linear: (linear(norm(x + residual) * norm_weight), x + residual)."""
+    normed, summed = rms_norm(x, norm_weight, eps, residual)
+    return linear(normed, weight, bias), summed
+
+
+def silu_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """silu_and_mul then linear: x [T, 2I] (gate, up) -> [T, N]."""
+    return linear(silu_and_mul(x), weight, bias)
+
+
 def rope_cos_sin(
     head_dim: int,
     max_position: int,

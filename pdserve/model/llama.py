@@ -103,11 +103,13 @@ class LlamaModel:
         eps = self.spec.rms_norm_eps
         h = F.embedding(input_ids, self.w["embed"])
         residual: torch.Tensor | None = None
+        ops = self.ops
         for l, lw in enumerate(self.layers):
-            x, residual = self.ops.rms_norm(h, lw["in_norm"], eps, residual)
-            h = self._attention(l, lw, x, positions, meta, kv_pool, layer_hook)
-            x, residual = self.ops.rms_norm(h, lw["post_norm"], eps, residual)
-            h = self.ops.linear(self.ops.silu_and_mul(self.ops.linear(x, lw["gate_up"])), lw["down"])
+            # each norm runs inside the projection after it (one kernel at batch 1)
+            qkv, residual = ops.norm_linear(h, lw["in_norm"], eps, residual, lw["qkv"], lw.get("qkv_bias"))
+            h = self._attention(l, lw, qkv, positions, meta, kv_pool, layer_hook)
+            gate_up, residual = ops.norm_linear(h, lw["post_norm"], eps, residual, lw["gate_up"])
+            h = ops.silu_linear(gate_up, lw["down"])
         if meta.logits_indices is not None:
             # Only the sampled tokens need the final norm and the (large) lm_head.
             h, residual = h[meta.logits_indices], residual[meta.logits_indices]  # type: ignore[index]
@@ -119,12 +121,12 @@ class LlamaModel:
         return self.ops.linear(hidden, self.w["lm_head"]).float()
 
     def _attention(
-        self, l: int, lw: dict[str, torch.Tensor], x: torch.Tensor, positions: torch.Tensor,
+        self, l: int, lw: dict[str, torch.Tensor], qkv: torch.Tensor, positions: torch.Tensor,
         meta: AttnMetadata, kv_pool: torch.Tensor, layer_hook: LayerHook | None,
     ) -> torch.Tensor:
         spec, ops = self.spec, self.ops
-        t, d = x.shape[0], spec.head_dim
-        q, k, v = ops.linear(x, lw["qkv"], lw.get("qkv_bias")).split(self._split, dim=-1)
+        t, d = qkv.shape[0], spec.head_dim
+        q, k, v = qkv.split(self._split, dim=-1)
         q = q.reshape(t, spec.num_heads, d)
         k = k.reshape(t, spec.num_kv_heads, d)
         v = v.reshape(t, spec.num_kv_heads, d)

@@ -1,4 +1,5 @@
-"""Triton gemv (batch-1 linear) against the reference, and the linear op's dispatch."""
+"""Triton gemv (batch-1 linear, alone and fused with the RMSNorm or SiLU-and-mul before it)
+against the reference, and the dispatch of the linear, norm_linear and silu_linear ops."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ pytest.importorskip("triton")
 from kernel_helpers import DEVICE, DTYPES, assert_close  # noqa: E402
 
 from pdserve.kernels import reference  # noqa: E402
-from pdserve.kernels.gemv import gemv, gemv_tiles, linear  # noqa: E402
+from pdserve.kernels.gemv import gemv, gemv_tiles, linear, norm_gemv, norm_linear  # noqa: E402
+from pdserve.kernels.gemv import silu_gemv, silu_linear  # noqa: E402
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -23,6 +25,66 @@ def test_gemv_matches_reference(dtype, n: int, k: int, block_n: int, block_k: in
     b = torch.randn(n, dtype=dtype, device=DEVICE) if bias else None
     out = gemv(x, w, b, block_n=block_n, block_k=block_k)
     assert_close(out, reference.linear(x.float(), w.float(), None if b is None else b.float()).to(dtype))
+
+
+SHAPES = [(40, 64, 8, 32), (37, 100, 8, 32), (5, 48, 16, 64)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("n", "k", "block_n", "block_k"), SHAPES)
+@pytest.mark.parametrize("residual", [False, True])
+def test_norm_gemv_matches_norm_then_linear(dtype, n: int, k: int, block_n: int, block_k: int,
+                                            residual: bool) -> None:
+    """One kernel = rms_norm (its input rounded to dtype) then linear, and the residual sum."""
+    x = torch.randn(1, k, dtype=dtype, device=DEVICE) * 3
+    r = torch.randn(1, k, dtype=dtype, device=DEVICE) if residual else None
+    g = torch.rand(k, dtype=dtype, device=DEVICE) + 0.5
+    w = torch.randn(n, k, dtype=dtype, device=DEVICE) * 0.1
+    b = torch.randn(n, dtype=dtype, device=DEVICE)
+    out, summed = norm_gemv(x, g, 1e-5, r, w, b, block_n=block_n, block_k=block_k)
+    normed, want_sum = reference.rms_norm(x, g, 1e-5, r)
+    assert_close(out, reference.linear(normed.float(), w.float(), b.float()).to(dtype))
+    assert_close(summed, want_sum)  # the interpreter rounds bf16 toward zero, CUDA to nearest
+    if not residual:
+        assert summed is x
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("n", "k", "block_n", "block_k"), SHAPES)
+def test_silu_gemv_matches_silu_then_linear(dtype, n: int, k: int, block_n: int, block_k: int) -> None:
+    x = torch.randn(1, 2 * k, dtype=dtype, device=DEVICE) * 2
+    w = torch.randn(n, k, dtype=dtype, device=DEVICE) * 0.1
+    out = silu_gemv(x, w, block_n=block_n, block_k=block_k)
+    act = reference.silu_and_mul(x)
+    assert_close(out, reference.linear(act.float(), w.float()).to(dtype))
+
+
+def test_fused_gemv_rejects_bad_inputs() -> None:
+    w = torch.randn(8, 32, device=DEVICE)
+    x = torch.randn(1, 32, device=DEVICE)
+    with pytest.raises(AssertionError, match="norm_weight"):
+        norm_gemv(x, torch.ones(16, device=DEVICE), 1e-5, None, w)
+    with pytest.raises(AssertionError, match="residual"):
+        norm_gemv(x, torch.ones(32, device=DEVICE), 1e-5, torch.randn(1, 16, device=DEVICE), w)
+    with pytest.raises(AssertionError, match="even"):
+        silu_gemv(torch.randn(1, 33, device=DEVICE), w)
+    with pytest.raises(AssertionError, match="features"):
+        silu_gemv(torch.randn(1, 32, device=DEVICE), w)  # 16 features after the halves
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_fused_ops_match_their_reference_at_any_batch(rows: int) -> None:
+    """norm_linear and silu_linear: one fused kernel for one bf16 row, two ops otherwise."""
+    x = torch.randn(rows, 64, dtype=torch.bfloat16, device=DEVICE)
+    r = torch.randn(rows, 64, dtype=torch.bfloat16, device=DEVICE)
+    g = torch.rand(64, dtype=torch.bfloat16, device=DEVICE) + 0.5
+    w = torch.randn(24, 64, dtype=torch.bfloat16, device=DEVICE) * 0.1
+    out, summed = norm_linear(x, g, 1e-6, r, w)
+    want, want_sum = reference.norm_linear(x.float(), g.float(), 1e-6, r.float(), w.float())
+    assert_close(out, want.bfloat16())
+    assert_close(summed, want_sum.bfloat16())
+    w2 = torch.randn(24, 32, dtype=torch.bfloat16, device=DEVICE) * 0.1
+    assert_close(silu_linear(x, w2), reference.silu_linear(x.float(), w2.float()).bfloat16())
 
 
 def test_gemv_rejects_bad_inputs() -> None:
