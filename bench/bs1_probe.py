@@ -4,7 +4,9 @@
 the matrix-vector products of one Llama-3.1-8B decode step through F.linear (cuBLAS) and through
 pdserve.kernels.gemv over a sweep of its tiles, as GB/s of weight read over a device copy measured in
 the same run; and the paged decode attention at one sequence of 128 tokens as the block-table width
-(which sets the split-K partition count in a CUDA graph) grows.
+(which sets the split-K partition count in a CUDA graph) grows. `--chain` times only the four
+projections of 8 layers in one graph (gaps included): RMSNorm and SiLU as separate kernels or fused
+into the gemv after them, each with and without programmatic dependent launch.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ import torch.nn.functional as F
 from triton.testing import do_bench, do_bench_cudagraph
 
 from pdserve.kernels.decode_attention import paged_decode_attention
-from pdserve.kernels.gemv import gemv
+from pdserve.kernels.gemv import gemv, gemv_tiles, norm_gemv, silu_gemv
+from pdserve.kernels.rms_norm import rms_norm
+from pdserve.kernels.silu_and_mul import silu_and_mul
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
           "lm_head": (128256, 4096)}
@@ -78,14 +82,61 @@ def attention() -> dict:
     return out
 
 
+def chain(copy: float, layers: int = 8) -> dict:
+    """Microseconds per layer of qkv, o, gate_up, down (+ 2 norms, 1 SiLU) over `layers` layers of
+    distinct weights in one CUDA graph, and the weight bytes' ratio to the copy bandwidth."""
+    def w(name: str) -> torch.Tensor:
+        return torch.randn(*SHAPES[name], device="cuda", dtype=torch.bfloat16) * 0.02
+    ws = [{name: w(name) for name in ("qkv", "o", "gate_up", "down")} for _ in range(layers)]
+    g = torch.ones(4096, device="cuda", dtype=torch.bfloat16)
+    h = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
+
+    def lin(x: torch.Tensor, wt: torch.Tensor, pdl: bool) -> torch.Tensor:
+        bn, bk, warps = gemv_tiles(*wt.shape)
+        return gemv(x, wt, block_n=bn, block_k=bk, num_warps=warps, pdl=pdl)
+
+    def separate(pdl: bool) -> None:
+        r = h
+        for lw in ws:
+            x, r = rms_norm(h, g, 1e-5, r)
+            lin(lin(x, lw["qkv"], pdl)[:, :4096].contiguous(), lw["o"], pdl)
+            x, r = rms_norm(h, g, 1e-5, r)
+            lin(silu_and_mul(lin(x, lw["gate_up"], pdl)), lw["down"], pdl)
+
+    def fused(pdl: bool) -> None:
+        r = h
+        for lw in ws:
+            bn, bk, warps = gemv_tiles(*lw["qkv"].shape)
+            qkv, r = norm_gemv(h, g, 1e-5, r, lw["qkv"], block_n=bn, block_k=bk, num_warps=warps, pdl=pdl)
+            lin(qkv[:, :4096].contiguous(), lw["o"], pdl)
+            bn, bk, warps = gemv_tiles(*lw["gate_up"].shape)
+            gu, r = norm_gemv(h, g, 1e-5, r, lw["gate_up"], block_n=bn, block_k=bk, num_warps=warps, pdl=pdl)
+            bn, bk, warps = gemv_tiles(*lw["down"].shape)
+            silu_gemv(gu, lw["down"], block_n=bn, block_k=bk, num_warps=warps, pdl=pdl)
+
+    gb = sum(t.numel() * 2 for t in ws[0].values()) / 1e3
+    out = {}
+    for name, fn in (("separate", separate), ("fused", fused)):
+        for pdl in (False, True):
+            t = us(lambda: fn(pdl)) / layers  # noqa: B023
+            key = f"{name}{'_pdl' if pdl else ''}"
+            out[key] = {"us_per_layer": t, "ratio_to_copy": gb / t / copy}
+            print(f"chain {key:14s} {t:8.2f} us per layer  {gb / t / copy:.3f} of copy", flush=True)
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out")
+    p.add_argument("--chain", action="store_true", help="only the layer chain (fusions, PDL)")
     a = p.parse_args()
     copy = copy_gbps()
     print(f"copy {copy:.0f} GB/s", flush=True)
-    res = {"gpu": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "copy_GBps": copy,
-           "linear": linears(copy), "attention_us_by_table_width": attention()}
+    res = {"gpu": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "copy_GBps": copy}
+    if a.chain:
+        res["chain"] = chain(copy)
+    else:
+        res |= {"linear": linears(copy), "attention_us_by_table_width": attention(), "chain": chain(copy)}
     if a.out:
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1)

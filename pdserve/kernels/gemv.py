@@ -9,9 +9,12 @@ it once at the end: one kernel, no workspace.
 
 The input row is tiny (a few KB) next to the weights, so every program can rebuild it from
 what came before instead of reading a separate kernel's output: the RMSNorm (with its
-residual add: program 0 also stores the sum) or the SiLU-and-mul. The rebuilt values are
-rounded to x's dtype exactly as the separate kernels round them, and each fusion saves a
-launch and its gap, which at batch 1 cost as much as the small kernel itself.
+residual add: program 0 also stores the sum) or the SiLU-and-mul. Each fusion saves a launch
+and its gap, which at batch 1 cost as much as the small kernel itself. The norm is folded in
+one pass: y = W (x * g) / rms(x), the sum of squares accumulated beside the dot product (a
+first pass for the rms kept every program waiting on it before its first weight load), so
+the normed row is not rounded to x's dtype as the separate kernel rounds it: the fused result
+is the more precise one.
 
 On Hopper and later the kernel is launched with programmatic dependent launch: it lets the
 next kernel start while this one drains and waits (griddepcontrol) before it reads anything
@@ -57,23 +60,6 @@ def _summed(x_ptr, r_ptr, k, kmask, HAS_RES: tl.constexpr, EVEN_K: tl.constexpr)
 
 
 @triton.jit
-def _input(x_ptr, r_ptr, g_ptr, k, kmask, k_in, rstd,
-           PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr, EVEN_K: tl.constexpr):
-    """The gemv's input at columns k, in x's dtype: x, norm(x + r) * g, or silu(gate) * up."""
-    if PROLOGUE == 1:
-        s = _summed(x_ptr, r_ptr, k, kmask, HAS_RES, EVEN_K)
-        g = _load(g_ptr, k, kmask, EVEN_K).to(tl.float32)
-        return (s.to(tl.float32) * rstd * g).to(s.dtype)
-    elif PROLOGUE == 2:
-        gate = _load(x_ptr, k, kmask, EVEN_K)
-        up = _load(x_ptr + k_in, k, kmask, EVEN_K).to(tl.float32)
-        gf = gate.to(tl.float32)
-        return (gf / (1.0 + tl.exp(-gf)) * up).to(gate.dtype)
-    else:
-        return _load(x_ptr, k, kmask, EVEN_K)
-
-
-@triton.jit
 def _gemv_kernel(
     x_ptr, r_ptr, g_ptr, sum_ptr, w_ptr, b_ptr, out_ptr, n_out, k_in, stride_w, eps,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -86,29 +72,33 @@ def _gemv_kernel(
     if PDL:
         gdc_launch_dependents()
         gdc_wait()  # what earlier kernels wrote (x, residual) is visible after this
-    rstd = 1.0
-    if PROLOGUE == 1:  # first pass over the (small) row: its sum of squares
-        ss = tl.zeros([BLOCK_K], tl.float32)
-        for k0 in range(0, k_in, BLOCK_K):
-            k = k0 + tl.arange(0, BLOCK_K)
-            kmask = k < k_in
+    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    ss = tl.zeros([BLOCK_K], tl.float32)  # NORM: the row's sum of squares, in the same pass
+    for k0 in range(0, k_in, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        kmask = k < k_in
+        if PROLOGUE == 1:  # (x + r) * g; the 1/rms is one factor per row, applied at the end
             s = _summed(x_ptr, r_ptr, k, kmask, HAS_RES, EVEN_K)
             if HAS_RES:
                 tl.store(sum_ptr + k, s, mask=kmask & (tl.zeros_like(k) + pid == 0))
             sf = s.to(tl.float32)
             ss += sf * sf
-        rstd = tl.rsqrt(tl.sum(ss, 0) / k_in + eps)
-    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    for k0 in range(0, k_in, BLOCK_K):
-        k = k0 + tl.arange(0, BLOCK_K)
-        kmask = k < k_in
-        x = _input(x_ptr, r_ptr, g_ptr, k, kmask, k_in, rstd, PROLOGUE, HAS_RES, EVEN_K)
+            x = sf * _load(g_ptr, k, kmask, EVEN_K).to(tl.float32)
+        elif PROLOGUE == 2:  # silu(gate) * up, rounded like silu_and_mul's output
+            gate = _load(x_ptr, k, kmask, EVEN_K)
+            gf = gate.to(tl.float32)
+            up = _load(x_ptr + k_in, k, kmask, EVEN_K).to(tl.float32)
+            x = (gf / (1.0 + tl.exp(-gf)) * up).to(gate.dtype).to(tl.float32)
+        else:
+            x = _load(x_ptr, k, kmask, EVEN_K).to(tl.float32)
         if EVEN_K:
             w = tl.load(rows + k[None, :], mask=nmask[:, None], other=0.0)
         else:
             w = tl.load(rows + k[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
-        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+        acc += w.to(tl.float32) * x[None, :]
     y = tl.sum(acc, 1)
+    if PROLOGUE == 1:
+        y *= tl.rsqrt(tl.sum(ss, 0) / k_in + eps)
     if HAS_BIAS:
         y += tl.load(b_ptr + n, mask=nmask, other=0.0).to(tl.float32)
     tl.store(out_ptr + n, y.to(out_ptr.dtype.element_ty), mask=nmask)
