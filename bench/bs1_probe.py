@@ -82,6 +82,41 @@ def attention() -> dict:
     return out
 
 
+def fused_tiles(copy: float) -> dict:
+    """Per fused projection (norm+qkv, norm+gate_up, silu+down): the best tiles of the fused
+    kernel and of the plain gemv over the same sweep, in microseconds (L2-cold weights)."""
+    out = {}
+    for name, kind in (("qkv", "norm"), ("gate_up", "norm"), ("down", "silu")):
+        n, k = SHAPES[name]
+        ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+              for _ in range(max(1, -(-256 * 2**20 // (n * k * 2))))]
+        x = torch.randn(1, 2 * k if kind == "silu" else k, device="cuda", dtype=torch.bfloat16)
+        r, g = torch.randn(1, k, device="cuda", dtype=torch.bfloat16), torch.ones(k, device="cuda", dtype=torch.bfloat16)
+        plain_x = x[:, :k].contiguous()
+        row: dict = {}
+        for label in ("plain", kind):
+            best = None
+            for bn in (8, 16, 32):
+                for bk in (256, 512, 1024):
+                    for warps in (4, 8):
+                        if bn * bk > 16384:
+                            continue
+                        kw = {"block_n": bn, "block_k": bk, "num_warps": warps, "pdl": False}
+                        if label == "plain":
+                            fn = lambda wi: gemv(plain_x, wi, **kw)  # noqa: E731, B023
+                        elif label == "norm":
+                            fn = lambda wi: norm_gemv(x, g, 1e-5, r, wi, **kw)  # noqa: E731, B023
+                        else:
+                            fn = lambda wi: silu_gemv(x, wi, **kw)  # noqa: E731, B023
+                        t = us(lambda: [fn(wi) for wi in ws]) / len(ws)  # noqa: B023
+                        if best is None or t < best[0]:
+                            best = (t, bn, bk, warps)
+            row[label] = {"us": best[0], "ratio": n * k * 2 / 1e3 / best[0] / copy, "tiles": list(best[1:])}
+        print(name, kind, json.dumps(row), flush=True)
+        out[f"{kind}+{name}"] = row
+    return out
+
+
 def chain(copy: float, layers: int = 8) -> dict:
     """Microseconds per layer of qkv, o, gate_up, down (+ 2 norms, 1 SiLU) over `layers` layers of
     distinct weights in one CUDA graph, and the weight bytes' ratio to the copy bandwidth."""
@@ -135,6 +170,7 @@ def main() -> None:
     res = {"gpu": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "copy_GBps": copy}
     if a.chain:
         res["chain"] = chain(copy)
+        res["fused_tiles"] = fused_tiles(copy)
     else:
         res |= {"linear": linears(copy), "attention_us_by_table_width": attention(), "chain": chain(copy)}
     if a.out:

@@ -1,0 +1,87 @@
+"""A/B of batch-1 decode variants in one process (diagnostic, CUDA only).
+
+    python bench/ab_decode.py --out FILE [--model llama-3.1-8b] [--ctx 128] [--rounds 4]
+
+One runner (random weights of the model's shape, the table width of a 4k model length as in
+bench/engine.py); each variant patches the op namespace, captures the decode graphs again and
+times `--iters` steps; variants take turns over `--rounds` rounds, so drift of the machine hits
+them alike. Variants: the RMSNorm and SiLU fused into the gemv after them or as separate
+kernels, with and without programmatic dependent launch of the gemv, and each fusion alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import torch
+
+import pdserve.kernels.gemv as gemv
+import pdserve.kernels.triton_ops as ops
+from pdserve.kernels.rms_norm import rms_norm
+from pdserve.kernels.silu_and_mul import silu_and_mul
+from pdserve.model.spec import ModelSpec
+from pdserve.runtime.cuda_graph import DecodeGraphs
+from pdserve.runtime.runner import ModelRunner
+
+from engine import BS, CONFIGS, decode_step, timed  # bench/ is on sys.path when run as a script
+
+
+def unfused_norm_linear(x, norm_weight, eps, residual, weight, bias=None):
+    normed, summed = rms_norm(x, norm_weight, eps, residual)
+    return gemv.linear(normed, weight, bias), summed
+
+
+def unfused_silu_linear(x, weight, bias=None):
+    return gemv.linear(silu_and_mul(x), weight, bias)
+
+
+VARIANTS = {  # name: (norm fused, SiLU fused, PDL)
+    "fused_pdl": (True, True, True), "fused": (True, True, False), "separate_pdl": (False, False, True),
+    "separate": (False, False, False), "norm_fused": (True, False, False), "silu_fused": (False, True, False),
+}
+
+
+def apply(norm: bool, silu: bool, pdl: bool) -> None:
+    ops.norm_linear = gemv.norm_linear if norm else unfused_norm_linear
+    ops.silu_linear = gemv.silu_linear if silu else unfused_silu_linear
+    gemv.pdl_supported = (lambda device: True) if pdl else (lambda device: False)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--model", default="llama-3.1-8b")
+    p.add_argument("--ctx", type=int, default=128)
+    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--iters", type=int, default=100)
+    a = p.parse_args()
+    spec = ModelSpec.from_config_dict(json.loads((CONFIGS / f"{a.model}.json").read_text()))
+    max_len = 4096 + 64
+    runner = ModelRunner(spec, None, device="cuda", dtype=torch.bfloat16, num_blocks=max_len // BS + 64,
+                         block_size=BS, load_format="dummy", max_model_len=max_len, max_num_seqs=1)
+    runner.kv_pool.normal_()
+    step = decode_step(1, a.ctx, spec.vocab_size)
+    times: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    tokens: dict[str, int] = {}
+    for _ in range(a.rounds):
+        for name, variant in VARIANTS.items():
+            apply(*variant)
+            runner.graphs = DecodeGraphs(runner.model, runner.kv_pool, block_size=BS,
+                                         max_model_len=runner.max_model_len, max_num_seqs=1)
+            tokens[name] = runner.execute(step).sampled["s0"]
+            times[name].append(timed(lambda: runner.execute(step), iters=a.iters))
+    res = {"gpu": torch.cuda.get_device_name(), "model": a.model, "ctx": a.ctx, "variants": {}}
+    for name, ts in times.items():
+        ms = statistics.median(ts) * 1e3
+        res["variants"][name] = {"step_ms": ms, "tok_s": 1e3 / ms, "rounds_ms": [t * 1e3 for t in ts]}
+        print(f"{name:14s} step {ms:.3f} ms  {1e3 / ms:7.1f} tok/s  rounds "
+              + " ".join(f"{t * 1e3:.3f}" for t in ts), flush=True)
+    print("first tokens", tokens)
+    Path(a.out).write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()
