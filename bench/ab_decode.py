@@ -5,8 +5,10 @@
 One runner (random weights of the model's shape, the table width of a 4k model length as in
 bench/engine.py); each variant patches the op namespace, captures the decode graphs again and
 times `--iters` steps; variants take turns over `--rounds` rounds, so drift of the machine hits
-them alike. Variants: the RMSNorm and SiLU fused into the gemv after them or as separate
-kernels, with and without programmatic dependent launch of the gemv, and each fusion alone.
+them alike. Variants: the RMSNorm fused into the gemv after it, or a separate kernel.
+(bench/results/ab-decode-h200-2026-12-03-s8.json came from commit 98a4f89, whose variants also
+fused the SiLU-and-mul into the down projection and launched the gemv with programmatic
+dependent launch; neither helped and both were removed.)
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ import torch
 import pdserve.kernels.gemv as gemv
 import pdserve.kernels.triton_ops as ops
 from pdserve.kernels.rms_norm import rms_norm
-from pdserve.kernels.silu_and_mul import silu_and_mul
 from pdserve.model.spec import ModelSpec
 from pdserve.runtime.cuda_graph import DecodeGraphs
 from pdserve.runtime.runner import ModelRunner
@@ -34,20 +35,11 @@ def unfused_norm_linear(x, norm_weight, eps, residual, weight, bias=None):
     return gemv.linear(normed, weight, bias), summed
 
 
-def unfused_silu_linear(x, weight, bias=None):
-    return gemv.linear(silu_and_mul(x), weight, bias)
+VARIANTS = {"norm_fused": True, "separate": False}
 
 
-VARIANTS = {  # name: (norm fused, SiLU fused, PDL)
-    "fused_pdl": (True, True, True), "fused": (True, True, False), "separate_pdl": (False, False, True),
-    "separate": (False, False, False), "norm_fused": (True, False, False), "silu_fused": (False, True, False),
-}
-
-
-def apply(norm: bool, silu: bool, pdl: bool) -> None:
-    ops.norm_linear = gemv.norm_linear if norm else unfused_norm_linear
-    ops.silu_linear = gemv.silu_linear if silu else unfused_silu_linear
-    gemv.pdl_supported = (lambda device: True) if pdl else (lambda device: False)
+def apply(norm_fused: bool) -> None:
+    ops.norm_linear = gemv.norm_linear if norm_fused else unfused_norm_linear
 
 
 def main() -> None:
@@ -68,7 +60,7 @@ def main() -> None:
     tokens: dict[str, int] = {}
     for _ in range(a.rounds):
         for name, variant in VARIANTS.items():
-            apply(*variant)
+            apply(variant)
             runner.graphs = DecodeGraphs(runner.model, runner.kv_pool, block_size=BS,
                                          max_model_len=runner.max_model_len, max_num_seqs=1)
             tokens[name] = runner.execute(step).sampled["s0"]

@@ -5,8 +5,8 @@ the matrix-vector products of one Llama-3.1-8B decode step through F.linear (cuB
 pdserve.kernels.gemv over a sweep of its tiles, as GB/s of weight read over a device copy measured in
 the same run; and the paged decode attention at one sequence of 128 tokens as the block-table width
 (which sets the split-K partition count in a CUDA graph) grows. `--chain` times only the four
-projections of 8 layers in one graph (gaps included): RMSNorm and SiLU as separate kernels or fused
-into the gemv after them, each with and without programmatic dependent launch.
+projections of 8 layers in one graph (gaps included), the RMSNorms as separate kernels or fused into
+the gemv after them, and sweeps the fused kernel's tiles.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from triton.testing import do_bench, do_bench_cudagraph
 
 from pdserve.kernels.decode_attention import paged_decode_attention
-from pdserve.kernels.gemv import gemv, gemv_tiles, norm_gemv, silu_gemv
+from pdserve.kernels.gemv import gemv, gemv_tiles, norm_gemv
 from pdserve.kernels.rms_norm import rms_norm
 from pdserve.kernels.silu_and_mul import silu_and_mul
 
@@ -83,80 +83,73 @@ def attention() -> dict:
 
 
 def fused_tiles(copy: float) -> dict:
-    """Per fused projection (norm+qkv, norm+gate_up, silu+down): the best tiles of the fused
-    kernel and of the plain gemv over the same sweep, in microseconds (L2-cold weights)."""
+    """Per norm-fused projection (qkv, gate_up): the best tiles of norm_gemv and of the plain
+    gemv over the same sweep, in microseconds (L2-cold weights)."""
     out = {}
-    for name, kind in (("qkv", "norm"), ("gate_up", "norm"), ("down", "silu")):
+    for name in ("qkv", "gate_up"):
         n, k = SHAPES[name]
         ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
               for _ in range(max(1, -(-256 * 2**20 // (n * k * 2))))]
-        x = torch.randn(1, 2 * k if kind == "silu" else k, device="cuda", dtype=torch.bfloat16)
-        r, g = torch.randn(1, k, device="cuda", dtype=torch.bfloat16), torch.ones(k, device="cuda", dtype=torch.bfloat16)
-        plain_x = x[:, :k].contiguous()
+        x, r = (torch.randn(1, k, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        g = torch.ones(k, device="cuda", dtype=torch.bfloat16)
         row: dict = {}
-        for label in ("plain", kind):
+        for label in ("plain", "norm"):
             best = None
             for bn in (8, 16, 32):
                 for bk in (256, 512, 1024):
                     for warps in (4, 8):
                         if bn * bk > 16384:
                             continue
-                        kw = {"block_n": bn, "block_k": bk, "num_warps": warps, "pdl": False}
+                        kw = {"block_n": bn, "block_k": bk, "num_warps": warps}
                         if label == "plain":
-                            fn = lambda wi: gemv(plain_x, wi, **kw)  # noqa: E731, B023
-                        elif label == "norm":
-                            fn = lambda wi: norm_gemv(x, g, 1e-5, r, wi, **kw)  # noqa: E731, B023
+                            fn = lambda wi: gemv(x, wi, **kw)  # noqa: E731, B023
                         else:
-                            fn = lambda wi: silu_gemv(x, wi, **kw)  # noqa: E731, B023
+                            fn = lambda wi: norm_gemv(x, g, 1e-5, r, wi, **kw)  # noqa: E731, B023
                         t = us(lambda: [fn(wi) for wi in ws]) / len(ws)  # noqa: B023
                         if best is None or t < best[0]:
                             best = (t, bn, bk, warps)
             row[label] = {"us": best[0], "ratio": n * k * 2 / 1e3 / best[0] / copy, "tiles": list(best[1:])}
-        print(name, kind, json.dumps(row), flush=True)
-        out[f"{kind}+{name}"] = row
+        print(name, json.dumps(row), flush=True)
+        out[f"norm+{name}"] = row
     return out
 
 
 def chain(copy: float, layers: int = 8) -> dict:
-    """Microseconds per layer of qkv, o, gate_up, down (+ 2 norms, 1 SiLU) over `layers` layers of
-    distinct weights in one CUDA graph, and the weight bytes' ratio to the copy bandwidth."""
+    """Microseconds per layer of qkv, o, gate_up, down (+ 2 RMSNorms, 1 SiLU) over `layers`
+    layers of distinct weights in one CUDA graph, the norms separate or fused into the gemv;
+    and the weight bytes' ratio to the copy bandwidth. (bench/results/bs1-chain-h200-2026-12-03-s8.json
+    came from commit 98a4f89, which also timed a SiLU fusion and programmatic dependent launch.)"""
     def w(name: str) -> torch.Tensor:
         return torch.randn(*SHAPES[name], device="cuda", dtype=torch.bfloat16) * 0.02
     ws = [{name: w(name) for name in ("qkv", "o", "gate_up", "down")} for _ in range(layers)]
     g = torch.ones(4096, device="cuda", dtype=torch.bfloat16)
     h = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
 
-    def lin(x: torch.Tensor, wt: torch.Tensor, pdl: bool) -> torch.Tensor:
+    def lin(x: torch.Tensor, wt: torch.Tensor) -> torch.Tensor:
         bn, bk, warps = gemv_tiles(*wt.shape)
-        return gemv(x, wt, block_n=bn, block_k=bk, num_warps=warps, pdl=pdl)
+        return gemv(x, wt, block_n=bn, block_k=bk, num_warps=warps)
 
-    def separate(pdl: bool) -> None:
+    def norm_lin(r: torch.Tensor, wt: torch.Tensor, fused: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        if not fused:
+            x, r = rms_norm(h, g, 1e-5, r)
+            return lin(x, wt), r
+        bn, bk, warps = gemv_tiles(*wt.shape)
+        return norm_gemv(h, g, 1e-5, r, wt, block_n=bn, block_k=bk, num_warps=warps)
+
+    def layers_of(fused: bool) -> None:
         r = h
         for lw in ws:
-            x, r = rms_norm(h, g, 1e-5, r)
-            lin(lin(x, lw["qkv"], pdl)[:, :4096].contiguous(), lw["o"], pdl)
-            x, r = rms_norm(h, g, 1e-5, r)
-            lin(silu_and_mul(lin(x, lw["gate_up"], pdl)), lw["down"], pdl)
-
-    def fused(pdl: bool) -> None:
-        r = h
-        for lw in ws:
-            bn, bk, warps = gemv_tiles(*lw["qkv"].shape)
-            qkv, r = norm_gemv(h, g, 1e-5, r, lw["qkv"], block_n=bn, block_k=bk, num_warps=warps, pdl=pdl)
-            lin(qkv[:, :4096].contiguous(), lw["o"], pdl)
-            bn, bk, warps = gemv_tiles(*lw["gate_up"].shape)
-            gu, r = norm_gemv(h, g, 1e-5, r, lw["gate_up"], block_n=bn, block_k=bk, num_warps=warps, pdl=pdl)
-            bn, bk, warps = gemv_tiles(*lw["down"].shape)
-            silu_gemv(gu, lw["down"], block_n=bn, block_k=bk, num_warps=warps, pdl=pdl)
+            qkv, r = norm_lin(r, lw["qkv"], fused)
+            lin(qkv[:, :4096].contiguous(), lw["o"])
+            gu, r = norm_lin(r, lw["gate_up"], fused)
+            lin(silu_and_mul(gu), lw["down"])
 
     gb = sum(t.numel() * 2 for t in ws[0].values()) / 1e3
     out = {}
-    for name, fn in (("separate", separate), ("fused", fused)):
-        for pdl in (False, True):
-            t = us(lambda: fn(pdl)) / layers  # noqa: B023
-            key = f"{name}{'_pdl' if pdl else ''}"
-            out[key] = {"us_per_layer": t, "ratio_to_copy": gb / t / copy}
-            print(f"chain {key:14s} {t:8.2f} us per layer  {gb / t / copy:.3f} of copy", flush=True)
+    for key, fused in (("separate", False), ("fused", True)):
+        t = us(lambda: layers_of(fused)) / layers  # noqa: B023
+        out[key] = {"us_per_layer": t, "ratio_to_copy": gb / t / copy}
+        print(f"chain {key:14s} {t:8.2f} us per layer  {gb / t / copy:.3f} of copy", flush=True)
     return out
 
 

@@ -55,12 +55,7 @@ def main() -> None:
     p.add_argument("--ctx", default="128,1024", help="one context per batch size, same order")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--eager", action="store_true", help="no CUDA graphs")
-    p.add_argument("--no-pdl", action="store_true", help="gemv without programmatic dependent launch")
     a = p.parse_args()
-    if a.no_pdl:
-        import pdserve.kernels.gemv as gemv
-
-        gemv.pdl_supported = lambda device: False  # an A/B switch of this script only
     spec = ModelSpec.from_config_dict(json.loads((CONFIGS / f"{a.model}.json").read_text()))
     batches = [int(x) for x in a.batches.split(",")]
     ctxs = [int(x) for x in a.ctx.split(",")]
@@ -80,8 +75,7 @@ def main() -> None:
         for r in case["top"][:18]:
             print(f"  {r['us_per_step']:9.1f} us  x{r['calls_per_step']:5.0f}  {r['kernel'][:90]}")
     Path(a.out).write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "model": a.model,
-                                       "graphs": not a.eager,
-                                       "gemv_pdl": not a.no_pdl, "cases": cases}, indent=1))
+                                       "graphs": not a.eager, "cases": cases}, indent=1))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """Single-row linear layer y = x @ W^T (+ b) (Triton twin of reference.linear at one token),
-optionally fused with the op that makes its input (reference.norm_linear, .silu_linear).
+optionally fused with the RMSNorm before it (reference.norm_linear).
 
 Batch-1 decode is a chain of matrix-vector products: every weight byte is read once and used
 once, so the op is bound by memory bandwidth. cuBLAS picks split-K tiles for the narrow ones
@@ -8,38 +8,26 @@ streams their whole reduction dim in BLOCK_K chunks into an fp32 register tile a
 it once at the end: one kernel, no workspace.
 
 The input row is tiny (a few KB) next to the weights, so every program can rebuild it from
-what came before instead of reading a separate kernel's output: the RMSNorm (with its
-residual add: program 0 also stores the sum) or the SiLU-and-mul. Each fusion saves a launch
-and its gap, which at batch 1 cost as much as the small kernel itself. The norm is folded in
-one pass: y = W (x * g) / rms(x), the sum of squares accumulated beside the dot product (a
-first pass for the rms kept every program waiting on it before its first weight load), so
+the RMSNorm's inputs instead of reading a separate kernel's output (program 0 also stores the
+residual sum): a launch and its gap fewer, which at batch 1 cost as much as the norm kernel.
+The norm is folded in one pass, y = W (x * g) / rms(x), its sum of squares accumulated beside
+the dot product (a first pass for the rms kept each program from its first weight load), so
 the normed row is not rounded to x's dtype as the separate kernel rounds it: the fused result
-is the more precise one.
-
-On Hopper and later the kernel is launched with programmatic dependent launch: it lets the
-next kernel start while this one drains and waits (griddepcontrol) before it reads anything
-an earlier kernel wrote; the weights do not depend on earlier kernels.
+is the more precise one. On an H200 the fusion made a Llama-3.1-8B batch-1 step 5 % faster;
+the same fusion of the SiLU-and-mul into the down projection made it slower, and launching
+the gemv with programmatic dependent launch changed nothing (bench/ab_decode.py,
+bench/results/ab-decode-h200-2026-12-03-s8.json), so neither is here.
 """
 
 from __future__ import annotations
-
-import functools
 
 import torch
 import triton
 import triton.language as tl
 
 from pdserve.kernels._common import FLOAT_DTYPES, check_device, check_dim, check_dtype
-from pdserve.kernels._common import check_last_contiguous, interpreting
+from pdserve.kernels._common import check_last_contiguous
 from pdserve.kernels.rms_norm import rms_norm
-from pdserve.kernels.silu_and_mul import silu_and_mul
-
-try:  # griddepcontrol (Triton >= 3.4); absent: no programmatic dependent launch
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-except ImportError:  # pragma: no cover - older Triton
-    gdc_launch_dependents = gdc_wait = None
-
-PLAIN, NORM, SILU = 0, 1, 2  # what the kernel reads as its input row
 
 
 @triton.jit
@@ -51,98 +39,68 @@ def _load(ptr, k, kmask, EVEN_K: tl.constexpr):
 
 
 @triton.jit
-def _summed(x_ptr, r_ptr, k, kmask, HAS_RES: tl.constexpr, EVEN_K: tl.constexpr):
-    """x (+ residual) at columns k, the sum rounded to x's dtype like reference.rms_norm's."""
-    x = _load(x_ptr, k, kmask, EVEN_K)
-    if HAS_RES:
-        x = (x.to(tl.float32) + _load(r_ptr, k, kmask, EVEN_K).to(tl.float32)).to(x.dtype)
-    return x
-
-
-@triton.jit
 def _gemv_kernel(
     x_ptr, r_ptr, g_ptr, sum_ptr, w_ptr, b_ptr, out_ptr, n_out, k_in, stride_w, eps,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-    PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr,
+    NORM: tl.constexpr, HAS_RES: tl.constexpr,
 ):
     pid = tl.program_id(0)
     n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = n < n_out
     rows = w_ptr + n.to(tl.int64)[:, None] * stride_w
-    if PDL:
-        gdc_launch_dependents()
-        gdc_wait()  # what earlier kernels wrote (x, residual) is visible after this
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     ss = tl.zeros([BLOCK_K], tl.float32)  # NORM: the row's sum of squares, in the same pass
     for k0 in range(0, k_in, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         kmask = k < k_in
-        if PROLOGUE == 1:  # (x + r) * g; the 1/rms is one factor per row, applied at the end
-            s = _summed(x_ptr, r_ptr, k, kmask, HAS_RES, EVEN_K)
-            if HAS_RES:
-                tl.store(sum_ptr + k, s, mask=kmask & (tl.zeros_like(k) + pid == 0))
-            sf = s.to(tl.float32)
-            ss += sf * sf
-            x = sf * _load(g_ptr, k, kmask, EVEN_K).to(tl.float32)
-        elif PROLOGUE == 2:  # silu(gate) * up, rounded like silu_and_mul's output
-            gate = _load(x_ptr, k, kmask, EVEN_K)
-            gf = gate.to(tl.float32)
-            up = _load(x_ptr + k_in, k, kmask, EVEN_K).to(tl.float32)
-            x = (gf / (1.0 + tl.exp(-gf)) * up).to(gate.dtype).to(tl.float32)
-        else:
-            x = _load(x_ptr, k, kmask, EVEN_K).to(tl.float32)
+        x = _load(x_ptr, k, kmask, EVEN_K)
+        if HAS_RES:  # the sum rounded to x's dtype, like reference.rms_norm's
+            x = (x.to(tl.float32) + _load(r_ptr, k, kmask, EVEN_K).to(tl.float32)).to(x.dtype)
+            tl.store(sum_ptr + k, x, mask=kmask & (tl.zeros_like(k) + pid == 0))
+        xf = x.to(tl.float32)
+        if NORM:  # (x + r) * g; the 1/rms is one factor per row, applied at the end
+            ss += xf * xf
+            xf *= _load(g_ptr, k, kmask, EVEN_K).to(tl.float32)
         if EVEN_K:
             w = tl.load(rows + k[None, :], mask=nmask[:, None], other=0.0)
         else:
             w = tl.load(rows + k[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
-        acc += w.to(tl.float32) * x[None, :]
+        acc += w.to(tl.float32) * xf[None, :]
     y = tl.sum(acc, 1)
-    if PROLOGUE == 1:
+    if NORM:
         y *= tl.rsqrt(tl.sum(ss, 0) / k_in + eps)
     if HAS_BIAS:
         y += tl.load(b_ptr + n, mask=nmask, other=0.0).to(tl.float32)
     tl.store(out_ptr + n, y.to(out_ptr.dtype.element_ty), mask=nmask)
 
 
-def pdl_supported(device: torch.device) -> bool:
-    """Programmatic dependent launch: compiled CUDA kernels on compute capability 9.0+."""
-    return (gdc_wait is not None and device.type == "cuda" and not interpreting()
-            and _capability(device.index if device.index is not None else torch.cuda.current_device()) >= 9)
-
-
-@functools.lru_cache(maxsize=None)
-def _capability(index: int) -> int:
-    return torch.cuda.get_device_capability(index)[0]
-
-
-def _check_row(name: str, x: torch.Tensor) -> None:
-    check_dim(name, x, 2)
-    check_dtype(name, x, FLOAT_DTYPES)
-    assert x.shape[0] == 1, f"gemv takes one row, {name} has {x.shape[0]}"
-    check_last_contiguous(name, x)
+def _check_row(x: torch.Tensor) -> None:
+    check_dim("x", x, 2)
+    check_dtype("x", x, FLOAT_DTYPES)
+    assert x.shape[0] == 1, f"gemv takes one row, x has {x.shape[0]}"
+    check_last_contiguous("x", x)
 
 
 def _launch(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, k: int, prologue: int,
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
-    summed: torch.Tensor | None = None, eps: float = 0.0, *, block_n: int, block_k: int,
-    num_warps: int, pdl: bool | None,
+    summed: torch.Tensor | None = None, eps: float = 0.0, *, block_n: int, block_k: int, num_warps: int,
 ) -> torch.Tensor:
-    """Check the weight and knobs, and run the kernel over input x (read as `prologue` says)."""
+    """Check the weight and knobs, and run the kernel over the row x (normed with norm_weight)."""
     check_dim("weight", weight, 2)
     check_last_contiguous("weight", weight)
     assert weight.dtype == x.dtype, f"weight dtype {weight.dtype} != x dtype {x.dtype}"
-    n = weight.shape[0]
-    assert weight.shape[1] == k, f"x has {k} features, weight expects {weight.shape[1]}"
-    extra = {"bias": bias} if bias is not None else {}
+    n, k = weight.shape
+    assert x.shape[1] == k, f"x has {x.shape[1]} features, weight expects {k}"
     if bias is not None:
         check_dim("bias", bias, 1)
         assert bias.shape[0] == n and bias.is_contiguous(), f"bias must be contiguous [{n}]"
-    check_device(x=x, weight=weight, **extra)
+        check_device(x=x, weight=weight, bias=bias)
+    else:
+        check_device(x=x, weight=weight)
     for name, v in (("block_n", block_n), ("block_k", block_k)):
         assert v >= 1 and v & (v - 1) == 0, f"{name} {v} must be a power of two"
     out = torch.empty((1, n), dtype=x.dtype, device=x.device)
-    pdl = pdl_supported(x.device) if pdl is None else pdl
     if n == 0:
         return out
     _gemv_kernel[(triton.cdiv(n, block_n),)](
@@ -150,39 +108,36 @@ def _launch(
         summed if summed is not None else x, weight, bias if bias is not None else weight, out,
         n, k, weight.stride(0), float(eps),
         BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=k % block_k == 0, HAS_BIAS=bias is not None,
-        PROLOGUE=prologue, HAS_RES=residual is not None, PDL=pdl, num_warps=num_warps,
-        **({"launch_pdl": True} if pdl else {}),
+        NORM=norm_weight is not None, HAS_RES=residual is not None, num_warps=num_warps,
     )
     return out
 
 
 def gemv(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-    *, block_n: int = 8, block_k: int = 512, num_warps: int = 4, pdl: bool | None = None,
+    *, block_n: int = 8, block_k: int = 512, num_warps: int = 4,
 ) -> torch.Tensor:
     """x [1, K] @ weight[N, K]^T (+ bias [N]) -> [1, N] in x's dtype, fp32 accumulation.
 
     block_n (output rows per program) and block_k (reduction chunk), powers of two, and
-    num_warps are tuning knobs; pdl (None: where supported) launches it programmatically
-    dependent on the kernel before."""
-    _check_row("x", x)
-    return _launch(x, weight, bias, x.shape[1], PLAIN, block_n=block_n, block_k=block_k,
-                   num_warps=num_warps, pdl=pdl)
+    num_warps are tuning knobs."""
+    _check_row(x)
+    return _launch(x, weight, bias, block_n=block_n, block_k=block_k, num_warps=num_warps)
 
 
 def norm_gemv(
     x: torch.Tensor, norm_weight: torch.Tensor, eps: float, residual: torch.Tensor | None,
     weight: torch.Tensor, bias: torch.Tensor | None = None,
-    *, block_n: int = 8, block_k: int = 512, num_warps: int = 4, pdl: bool | None = None,
+    *, block_n: int = 8, block_k: int = 512, num_warps: int = 4,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """rms_norm then gemv in one kernel: (gemv(norm(x + residual) * norm_weight), x + residual);
     without a residual the second result is x itself (as in reference.rms_norm)."""
-    _check_row("x", x)
+    _check_row(x)
     k = x.shape[1]
     check_dim("norm_weight", norm_weight, 1)
+    check_dtype("norm_weight", norm_weight, FLOAT_DTYPES)
     assert norm_weight.shape[0] == k and norm_weight.is_contiguous(), (
         f"norm_weight must be contiguous [{k}], got {tuple(norm_weight.shape)}")
-    check_dtype("norm_weight", norm_weight, FLOAT_DTYPES)
     summed = x
     if residual is not None:
         assert residual.shape == x.shape, f"residual {tuple(residual.shape)} != x {tuple(x.shape)}"
@@ -192,22 +147,11 @@ def norm_gemv(
         summed = torch.empty((1, k), dtype=x.dtype, device=x.device)
     else:
         check_device(x=x, norm_weight=norm_weight)
-    out = _launch(x, weight, bias, k, NORM, residual, norm_weight, summed, eps,
-                  block_n=block_n, block_k=block_k, num_warps=num_warps, pdl=pdl)
-    if residual is not None and weight.shape[0] == 0 and k:  # no program ran to store the sum
+    out = _launch(x, weight, bias, residual, norm_weight, summed, eps,
+                  block_n=block_n, block_k=block_k, num_warps=num_warps)
+    if residual is not None and weight.shape[0] == 0:  # no program ran to store the sum
         summed.copy_(x + residual)
     return out, summed
-
-
-def silu_gemv(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-    *, block_n: int = 8, block_k: int = 512, num_warps: int = 4, pdl: bool | None = None,
-) -> torch.Tensor:
-    """silu_and_mul then gemv in one kernel: x [1, 2I] (gate, up) @ weight [N, I]^T (+ bias)."""
-    _check_row("x", x)
-    assert x.shape[1] % 2 == 0, f"x's last dim ({x.shape[1]}) must be even (gate and up halves)"
-    return _launch(x, weight, bias, x.shape[1] // 2, SILU, block_n=block_n, block_k=block_k,
-                   num_warps=num_warps, pdl=pdl)
 
 
 def gemv_tiles(n: int, k: int) -> tuple[int, int, int]:
@@ -245,11 +189,3 @@ def norm_linear(
                          block_n=bn, block_k=bk, num_warps=warps)
     normed, summed = rms_norm(x, norm_weight, eps, residual)
     return torch.nn.functional.linear(normed, weight, bias), summed
-
-
-def silu_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """reference.silu_linear: one fused kernel for a batch-1 row, else silu_and_mul and F.linear."""
-    if _one_row(x, weight):
-        bn, bk, warps = gemv_tiles(*weight.shape)
-        return silu_gemv(x, weight, bias, block_n=bn, block_k=bk, num_warps=warps)
-    return torch.nn.functional.linear(silu_and_mul(x), weight, bias)

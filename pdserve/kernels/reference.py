@@ -41,11 +41,6 @@ def norm_linear(
     return linear(normed, weight, bias), summed
 
 
-def silu_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """silu_and_mul then linear: x [T, 2I] (gate, up) -> [T, N]."""
-    return linear(silu_and_mul(x), weight, bias)
-
-
 def rope_cos_sin(
     head_dim: int,
     max_position: int,

@@ -79,12 +79,10 @@ def elementwise(dt: str) -> None:
     compile_kernel(_rotary_kernel, ptrs,
                    {"HALF": 32, "BLOCK_HQ": 32, "BLOCK_HK": 8, "BLOCK_HALF": 32, "BLOCK_PASS": 64})
     gemv_ptrs = {p: f"*{dt}" for p in ("x_ptr", "r_ptr", "g_ptr", "sum_ptr", "w_ptr", "b_ptr", "out_ptr")}
-    for even_k, bias, prologue, res, pdl in ((True, False, 0, False, False), (False, True, 0, False, True),
-                                             (True, False, 1, True, True), (False, False, 1, False, False),
-                                             (True, False, 2, False, True), (False, True, 2, False, False)):
-        compile_kernel(_gemv_kernel, gemv_ptrs,
-                       {"BLOCK_N": 8, "BLOCK_K": 512, "EVEN_K": even_k, "HAS_BIAS": bias,
-                        "PROLOGUE": prologue, "HAS_RES": res, "PDL": pdl}, launch_pdl=pdl)
+    for even_k, bias, norm, res in ((True, False, False, False), (False, True, False, False),
+                                    (True, False, True, True), (False, True, True, False)):
+        compile_kernel(_gemv_kernel, gemv_ptrs, {"BLOCK_N": 8, "BLOCK_K": 512, "EVEN_K": even_k,
+                                                 "HAS_BIAS": bias, "NORM": norm, "HAS_RES": res})
     compile_kernel(_copy_blocks_kernel, {p: "*i32" for p in ("src_ptr", "dst_ptr", "src_ids_ptr", "dst_ids_ptr")},
                    {"BLOCK": 2048})
     for cache_dt, qmax, is_int in ((dt, 1.0, False), ("fp8e4nv", 448.0, False), ("i8", 127.0, True)):

@@ -1,5 +1,5 @@
-"""Triton gemv (batch-1 linear, alone and fused with the RMSNorm or SiLU-and-mul before it)
-against the reference, and the dispatch of the linear, norm_linear and silu_linear ops."""
+"""Triton gemv (batch-1 linear, alone and fused with the RMSNorm before it) against the
+reference, and the dispatch of the linear and norm_linear ops."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from kernel_helpers import DEVICE, DTYPES, assert_close  # noqa: E402
 
 from pdserve.kernels import reference  # noqa: E402
 from pdserve.kernels.gemv import gemv, gemv_tiles, linear, norm_gemv, norm_linear  # noqa: E402
-from pdserve.kernels.gemv import silu_gemv, silu_linear  # noqa: E402
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -49,16 +48,6 @@ def test_norm_gemv_matches_norm_then_linear(dtype, n: int, k: int, block_n: int,
         assert summed is x
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("n", "k", "block_n", "block_k"), SHAPES)
-def test_silu_gemv_matches_silu_then_linear(dtype, n: int, k: int, block_n: int, block_k: int) -> None:
-    x = torch.randn(1, 2 * k, dtype=dtype, device=DEVICE) * 2
-    w = torch.randn(n, k, dtype=dtype, device=DEVICE) * 0.1
-    out = silu_gemv(x, w, block_n=block_n, block_k=block_k)
-    act = reference.silu_and_mul(x.float()).to(dtype)  # rounded once, as the kernel does
-    assert_close(out, reference.linear(act.float(), w.float()).to(dtype))
-
-
 def test_fused_gemv_rejects_bad_inputs() -> None:
     w = torch.randn(8, 32, device=DEVICE)
     x = torch.randn(1, 32, device=DEVICE)
@@ -66,15 +55,13 @@ def test_fused_gemv_rejects_bad_inputs() -> None:
         norm_gemv(x, torch.ones(16, device=DEVICE), 1e-5, None, w)
     with pytest.raises(AssertionError, match="residual"):
         norm_gemv(x, torch.ones(32, device=DEVICE), 1e-5, torch.randn(1, 16, device=DEVICE), w)
-    with pytest.raises(AssertionError, match="even"):
-        silu_gemv(torch.randn(1, 33, device=DEVICE), w)
     with pytest.raises(AssertionError, match="features"):
-        silu_gemv(torch.randn(1, 32, device=DEVICE), w)  # 16 features after the halves
+        norm_gemv(torch.randn(1, 16, device=DEVICE), torch.ones(16, device=DEVICE), 1e-5, None, w)
 
 
 @pytest.mark.parametrize("rows", [1, 3])
 def test_fused_ops_match_their_reference_at_any_batch(rows: int) -> None:
-    """norm_linear and silu_linear: one fused kernel for one bf16 row, two ops otherwise."""
+    """norm_linear: one fused kernel for one bf16 row, two ops otherwise."""
     x = torch.randn(rows, 64, dtype=torch.bfloat16, device=DEVICE)
     r = torch.randn(rows, 64, dtype=torch.bfloat16, device=DEVICE)
     g = torch.rand(64, dtype=torch.bfloat16, device=DEVICE) + 0.5
@@ -83,8 +70,6 @@ def test_fused_ops_match_their_reference_at_any_batch(rows: int) -> None:
     want, want_sum = reference.norm_linear(x.float(), g.float(), 1e-6, r.float(), w.float())
     assert_close(out, want.bfloat16())
     assert_close(summed, want_sum.bfloat16())
-    w2 = torch.randn(24, 32, dtype=torch.bfloat16, device=DEVICE) * 0.1
-    assert_close(silu_linear(x, w2), reference.silu_linear(x.float(), w2.float()).bfloat16())
 
 
 def test_gemv_rejects_bad_inputs() -> None:
