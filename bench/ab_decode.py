@@ -10,7 +10,8 @@ gemv launched programmatically dependent (reading its first weights before the k
 of it has finished) or not.
 (bench/results/ab-decode-h200-2026-12-03-s8.json came from commit 98a4f89, whose variants also
 fused the SiLU-and-mul into the down projection and launched the gemv with programmatic
-dependent launch; neither helped and both were removed.)
+dependent launch; -s8d.json from 97f26f8, where the PDL gemv also read its first weight tile
+before waiting for the kernel ahead: neither helped, and both were removed.)
 """
 
 from __future__ import annotations
