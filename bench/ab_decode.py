@@ -5,9 +5,7 @@
 One runner (random weights of the model's shape, the table width of a 4k model length as in
 bench/engine.py); each variant patches the op namespace, captures the decode graphs again and
 times `--iters` steps; variants take turns over `--rounds` rounds, so drift of the machine hits
-them alike. Variants: the RMSNorm fused into the gemv after it or a separate kernel, and the
-gemv launched programmatically dependent (reading its first weights before the kernel ahead
-of it has finished) or not.
+them alike. Variants: the RMSNorm fused into the gemv after it, or a separate kernel.
 (bench/results/ab-decode-h200-2026-12-03-s8.json came from commit 98a4f89, whose variants also
 fused the SiLU-and-mul into the down projection and launched the gemv with programmatic
 dependent launch; -s8d.json from 97f26f8, where the PDL gemv also read its first weight tile
@@ -23,10 +21,7 @@ from pathlib import Path
 
 import torch
 
-import pdserve.kernels.decode_attention as decode_attention
 import pdserve.kernels.gemv as gemv
-import pdserve.kernels.rms_norm as rms_norm_mod
-import pdserve.kernels.silu_and_mul as silu_mod
 import pdserve.kernels.triton_ops as ops
 from pdserve.kernels.rms_norm import rms_norm
 from pdserve.model.spec import ModelSpec
@@ -41,14 +36,11 @@ def unfused_norm_linear(x, norm_weight, eps, residual, weight, bias=None):
     return gemv.linear(normed, weight, bias), summed
 
 
-VARIANTS = {"fused_pdl": (True, True), "fused": (True, False), "separate": (False, False)}
-PDL_USERS = (gemv, decode_attention, rms_norm_mod, silu_mod)  # modules that ask pdl_supported
+VARIANTS = {"norm_fused": True, "separate": False}
 
 
-def apply(norm_fused: bool, pdl: bool) -> None:
+def apply(norm_fused: bool) -> None:
     ops.norm_linear = gemv.norm_linear if norm_fused else unfused_norm_linear
-    for mod in PDL_USERS:
-        mod.pdl_supported = (lambda device: True) if pdl else (lambda device: False)
 
 
 def main() -> None:
@@ -69,7 +61,7 @@ def main() -> None:
     tokens: dict[str, int] = {}
     for _ in range(a.rounds):
         for name, variant in VARIANTS.items():
-            apply(*variant)
+            apply(variant)
             runner.graphs = DecodeGraphs(runner.model, runner.kv_pool, block_size=BS,
                                          max_model_len=runner.max_model_len, max_num_seqs=1)
             tokens[name] = runner.execute(step).sampled["s0"]

@@ -11,12 +11,6 @@ import os
 
 import torch
 import triton
-import triton.language as tl
-
-try:  # griddepcontrol (Triton >= 3.4); without it nothing is launched programmatically dependent
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-except ImportError:  # pragma: no cover - older Triton
-    gdc_launch_dependents = gdc_wait = None
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -131,28 +125,6 @@ def num_sms(device_index: int) -> int:
     if interpreting() or not torch.cuda.is_available():
         return 4
     return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def pdl_supported(device: torch.device) -> bool:
-    """Programmatic dependent launch (griddepcontrol): compiled kernels on compute capability
-    9.0+ only (never in the interpreter)."""
-    if gdc_wait is None or device.type != "cuda" or interpreting():
-        return False
-    return _capability(device.index if device.index is not None else torch.cuda.current_device()) >= 9
-
-
-@functools.lru_cache(maxsize=None)
-def _capability(device_index: int) -> int:
-    return torch.cuda.get_device_capability(device_index)[0]
-
-
-@triton.jit
-def let_dependents_launch(PDL: tl.constexpr):
-    """Let a kernel launched programmatically dependent on this one (the batch-1 gemv) start
-    now: it reads its first weights while this one runs, and waits (griddepcontrol.wait) for
-    this one to finish before it reads anything written here. Called first thing."""
-    if PDL:
-        gdc_launch_dependents()
 
 
 def dot_precision(dtype: torch.dtype) -> str:

@@ -21,8 +21,7 @@ import triton.language as tl
 from pdserve.kernels._attention import attend_tile, paged_offsets, query_for
 from pdserve.kernels._common import check_attention_inputs, check_device, check_dim, check_dtype
 from pdserve.kernels._common import check_scales
-from pdserve.kernels._common import dot_precision, interpreting, let_dependents_launch, next_pow2, num_sms
-from pdserve.kernels._common import pdl_supported
+from pdserve.kernels._common import dot_precision, interpreting, next_pow2, num_sms
 
 _MIN_PARTITION = 256
 _TILES = {"masked": 0, "tail": 1, "soft": 2}
@@ -57,9 +56,8 @@ def _decode_kernel(
     G: tl.constexpr, G_PAD: tl.constexpr, S: tl.constexpr,
     D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
     PRECISION: tl.constexpr, DOT_F32: tl.constexpr, QUANT: tl.constexpr,
-    EVEN_D: tl.constexpr, TILES: tl.constexpr, PDL: tl.constexpr,
+    EVEN_D: tl.constexpr, TILES: tl.constexpr,
 ):
-    let_dependents_launch(PDL and not SPLIT)  # the output projection follows
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
     part = tl.program_id(2)
@@ -113,9 +111,8 @@ def _decode_kernel(
 @triton.jit
 def _merge_kernel(
     part_ptr, lse_ptr, out_ptr, stride_ob, stride_oh, num_heads, num_parts, head_dim,
-    P_PAD: tl.constexpr, D_PAD: tl.constexpr, PDL: tl.constexpr,
+    P_PAD: tl.constexpr, D_PAD: tl.constexpr,
 ):
-    let_dependents_launch(PDL)  # the output projection follows
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     p = tl.arange(0, P_PAD)
@@ -226,7 +223,6 @@ def decode_with_partitions(
         dest, lse = out, out  # lse is unused without a split
     d_pad = max(16, next_pow2(d))
     ks, vs = (k_scale, v_scale) if quant else (k_cache, v_cache)
-    pdl = pdl_supported(q.device)
     _decode_kernel[(b, hk, parts)](
         q, k_cache, v_cache, block_tables, seq_lens, dest, lse, ks, vs,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -236,12 +232,12 @@ def decode_with_partitions(
         G=group, G_PAD=max(16, next_pow2(group)), S=s, D_PAD=d_pad,
         BLOCK_N=min(block_n, partition_size), SPLIT=split,
         PRECISION=dot_precision(q.dtype), DOT_F32=interpreting(), QUANT=quant,
-        EVEN_D=d_pad == d, TILES=_TILES[tiles], PDL=pdl,
+        EVEN_D=d_pad == d, TILES=_TILES[tiles],
         num_warps=num_warps, num_stages=num_stages,
     )
     if split:
         _merge_kernel[(b, hq)](
             dest, lse, out, out.stride(0), out.stride(1), hq, parts, d,
-            P_PAD=next_pow2(parts), D_PAD=d_pad, PDL=pdl, num_warps=4,
+            P_PAD=next_pow2(parts), D_PAD=d_pad, num_warps=4,
         )
     return out

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from pdserve.kernels._common import FLOAT_DTYPES, check_device, check_dim, check_dtype
-from pdserve.kernels._common import check_last_contiguous, gdc_wait, let_dependents_launch, pdl_supported
+from pdserve.kernels._common import check_last_contiguous
 from pdserve.kernels.rms_norm import rms_norm
 
 
@@ -39,33 +39,10 @@ def _load(ptr, k, kmask, EVEN_K: tl.constexpr):
 
 
 @triton.jit
-def _w_tile(rows, k, kmask, nmask, EVEN_K: tl.constexpr):
-    if EVEN_K:
-        return tl.load(rows + k[None, :], mask=nmask[:, None], other=0.0)
-    else:
-        return tl.load(rows + k[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
-
-
-@triton.jit
-def _accumulate(acc, ss, w, x_ptr, r_ptr, g_ptr, sum_ptr, k, kmask, pid,
-                EVEN_K: tl.constexpr, NORM: tl.constexpr, HAS_RES: tl.constexpr):
-    """acc += w * input[k]; NORM: the input is (x + r) * g and ss gathers (x + r)^2."""
-    x = _load(x_ptr, k, kmask, EVEN_K)
-    if HAS_RES:  # the sum rounded to x's dtype, like reference.rms_norm's
-        x = (x.to(tl.float32) + _load(r_ptr, k, kmask, EVEN_K).to(tl.float32)).to(x.dtype)
-        tl.store(sum_ptr + k, x, mask=kmask & (tl.zeros_like(k) + pid == 0))
-    xf = x.to(tl.float32)
-    if NORM:  # the 1/rms is one factor per row, applied at the end
-        ss += xf * xf
-        xf *= _load(g_ptr, k, kmask, EVEN_K).to(tl.float32)
-    return acc + w.to(tl.float32) * xf[None, :], ss
-
-
-@triton.jit
 def _gemv_kernel(
     x_ptr, r_ptr, g_ptr, sum_ptr, w_ptr, b_ptr, out_ptr, n_out, k_in, stride_w, eps,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-    NORM: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr,
+    NORM: tl.constexpr, HAS_RES: tl.constexpr,
 ):
     pid = tl.program_id(0)
     n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -73,20 +50,22 @@ def _gemv_kernel(
     rows = w_ptr + n.to(tl.int64)[:, None] * stride_w
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     ss = tl.zeros([BLOCK_K], tl.float32)  # NORM: the row's sum of squares, in the same pass
-    start = 0
-    if PDL:  # launched early: read the first weight tile while the kernel before drains
-        let_dependents_launch(PDL)
-        k = tl.arange(0, BLOCK_K)
-        kmask = k < k_in
-        w = _w_tile(rows, k, kmask, nmask, EVEN_K)
-        gdc_wait()  # from here on, what earlier kernels wrote (x, residual) is visible
-        acc, ss = _accumulate(acc, ss, w, x_ptr, r_ptr, g_ptr, sum_ptr, k, kmask, pid, EVEN_K, NORM, HAS_RES)
-        start = BLOCK_K
-    for k0 in range(start, k_in, BLOCK_K):
+    for k0 in range(0, k_in, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         kmask = k < k_in
-        w = _w_tile(rows, k, kmask, nmask, EVEN_K)
-        acc, ss = _accumulate(acc, ss, w, x_ptr, r_ptr, g_ptr, sum_ptr, k, kmask, pid, EVEN_K, NORM, HAS_RES)
+        x = _load(x_ptr, k, kmask, EVEN_K)
+        if HAS_RES:  # the sum rounded to x's dtype, like reference.rms_norm's
+            x = (x.to(tl.float32) + _load(r_ptr, k, kmask, EVEN_K).to(tl.float32)).to(x.dtype)
+            tl.store(sum_ptr + k, x, mask=kmask & (tl.zeros_like(k) + pid == 0))
+        xf = x.to(tl.float32)
+        if NORM:  # (x + r) * g; the 1/rms is one factor per row, applied at the end
+            ss += xf * xf
+            xf *= _load(g_ptr, k, kmask, EVEN_K).to(tl.float32)
+        if EVEN_K:
+            w = tl.load(rows + k[None, :], mask=nmask[:, None], other=0.0)
+        else:
+            w = tl.load(rows + k[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
+        acc += w.to(tl.float32) * xf[None, :]
     y = tl.sum(acc, 1)
     if NORM:
         y *= tl.rsqrt(tl.sum(ss, 0) / k_in + eps)
@@ -106,7 +85,6 @@ def _launch(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
     summed: torch.Tensor | None = None, eps: float = 0.0, *, block_n: int, block_k: int, num_warps: int,
-    pdl: bool | None,
 ) -> torch.Tensor:
     """Check the weight and knobs, and run the kernel over the row x (normed with norm_weight)."""
     check_dim("weight", weight, 2)
@@ -125,35 +103,32 @@ def _launch(
     out = torch.empty((1, n), dtype=x.dtype, device=x.device)
     if n == 0:
         return out
-    pdl = pdl_supported(x.device) if pdl is None else pdl
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         x, residual if residual is not None else x, norm_weight if norm_weight is not None else x,
         summed if summed is not None else x, weight, bias if bias is not None else weight, out,
         n, k, weight.stride(0), float(eps),
         BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=k % block_k == 0, HAS_BIAS=bias is not None,
-        NORM=norm_weight is not None, HAS_RES=residual is not None, PDL=pdl, num_warps=num_warps,
-        **({"launch_pdl": True} if pdl else {}),
+        NORM=norm_weight is not None, HAS_RES=residual is not None, num_warps=num_warps,
     )
     return out
 
 
 def gemv(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-    *, block_n: int = 8, block_k: int = 512, num_warps: int = 4, pdl: bool | None = None,
+    *, block_n: int = 8, block_k: int = 512, num_warps: int = 4,
 ) -> torch.Tensor:
     """x [1, K] @ weight[N, K]^T (+ bias [N]) -> [1, N] in x's dtype, fp32 accumulation.
 
     block_n (output rows per program) and block_k (reduction chunk), powers of two, and
-    num_warps are tuning knobs; pdl (default: where supported) launches the kernel before
-    the one ahead of it has finished (see the module docstring)."""
+    num_warps are tuning knobs."""
     _check_row(x)
-    return _launch(x, weight, bias, block_n=block_n, block_k=block_k, num_warps=num_warps, pdl=pdl)
+    return _launch(x, weight, bias, block_n=block_n, block_k=block_k, num_warps=num_warps)
 
 
 def norm_gemv(
     x: torch.Tensor, norm_weight: torch.Tensor, eps: float, residual: torch.Tensor | None,
     weight: torch.Tensor, bias: torch.Tensor | None = None,
-    *, block_n: int = 8, block_k: int = 512, num_warps: int = 4, pdl: bool | None = None,
+    *, block_n: int = 8, block_k: int = 512, num_warps: int = 4,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """rms_norm then gemv in one kernel: (gemv(norm(x + residual) * norm_weight), x + residual);
     without a residual the second result is x itself (as in reference.rms_norm)."""
@@ -173,7 +148,7 @@ def norm_gemv(
     else:
         check_device(x=x, norm_weight=norm_weight)
     out = _launch(x, weight, bias, residual, norm_weight, summed, eps,
-                  block_n=block_n, block_k=block_k, num_warps=num_warps, pdl=pdl)
+                  block_n=block_n, block_k=block_k, num_warps=num_warps)
     if residual is not None and weight.shape[0] == 0:  # no program ran to store the sum
         summed.copy_(x + residual)
     return out, summed

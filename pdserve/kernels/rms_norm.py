@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from pdserve.kernels._common import FLOAT_DTYPES, check_device, check_dim, check_dtype
-from pdserve.kernels._common import check_last_contiguous, let_dependents_launch, next_pow2, pdl_supported
+from pdserve.kernels._common import check_last_contiguous, next_pow2
 
 
 @triton.jit
@@ -15,9 +15,8 @@ def _rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr,
     stride_x, stride_r, stride_o, stride_s,
     hidden, eps,
-    HAS_RES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
+    HAS_RES: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    let_dependents_launch(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < hidden
@@ -66,6 +65,6 @@ def rms_norm(
         x, residual, weight, out, summed,
         x.stride(0), residual.stride(0), out.stride(0), summed.stride(0),
         h, float(eps),
-        HAS_RES=summed is not x, BLOCK=block, PDL=pdl_supported(x.device), num_warps=min(16, max(1, block // 256)),
+        HAS_RES=summed is not x, BLOCK=block, num_warps=min(16, max(1, block // 256)),
     )
     return out, summed

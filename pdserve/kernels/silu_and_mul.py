@@ -7,14 +7,13 @@ import triton
 import triton.language as tl
 
 from pdserve.kernels._common import FLOAT_DTYPES, check_device, check_dim, check_dtype
-from pdserve.kernels._common import check_last_contiguous, let_dependents_launch, next_pow2, pdl_supported
+from pdserve.kernels._common import check_last_contiguous, next_pow2
 
 
 @triton.jit
 def _silu_and_mul_kernel(
-    x_ptr, out_ptr, stride_x, stride_o, inter, BLOCK: tl.constexpr, PDL: tl.constexpr,
+    x_ptr, out_ptr, stride_x, stride_o, inter, BLOCK: tl.constexpr,
 ):
-    let_dependents_launch(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < inter
@@ -38,6 +37,5 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         return out
     block = min(1024, next_pow2(inter))
     grid = (t, triton.cdiv(inter, block))
-    _silu_and_mul_kernel[grid](x, out, x.stride(0), out.stride(0), inter, BLOCK=block,
-                               PDL=pdl_supported(x.device), num_warps=4)
+    _silu_and_mul_kernel[grid](x, out, x.stride(0), out.stride(0), inter, BLOCK=block, num_warps=4)
     return out

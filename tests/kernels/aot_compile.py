@@ -55,10 +55,10 @@ def attention(dt: str, cache_dt: str) -> None:
         compile_kernel(_decode_kernel, ptrs, {
             "G": group, "G_PAD": 16, "S": 16, "D_PAD": 128, "BLOCK_N": 64,
             "SPLIT": split, "PRECISION": "tf32", "DOT_F32": False,
-            "QUANT": quant, "EVEN_D": group != 7, "TILES": 2 if quant else 1, "PDL": not split,
+            "QUANT": quant, "EVEN_D": group != 7, "TILES": 2 if quant else 1,
         }, num_warps=4, num_stages=2)
     compile_kernel(_merge_kernel, {"part_ptr": "*fp32", "lse_ptr": "*fp32", "out_ptr": f"*{dt}"},
-                   {"P_PAD": 4, "D_PAD": 128, "PDL": True})
+                   {"P_PAD": 4, "D_PAD": 128})
     for group, bm, bn, warps in ((4, 128, 64, 8), (7, 128, 64, 8), (1, 64, 32, 4)):
         consts = {"G": group, "S": 16, "D_PAD": 128, "BLOCK_Q": bm // group,
                   "BLOCK_M": bm, "BLOCK_N": bn, "PRECISION": "tf32", "DOT_F32": False,
@@ -72,17 +72,17 @@ def attention(dt: str, cache_dt: str) -> None:
 def elementwise(dt: str) -> None:
     """rms_norm, silu_and_mul, rotary (with a pass-through tail), write_kv."""
     ptrs = {p: f"*{dt}" for p in ("x_ptr", "res_ptr", "w_ptr", "out_ptr", "sum_ptr")}
-    compile_kernel(_rms_norm_kernel, ptrs, {"HAS_RES": True, "BLOCK": 4096, "PDL": True}, num_warps=16)
-    compile_kernel(_silu_and_mul_kernel, {"x_ptr": f"*{dt}", "out_ptr": f"*{dt}"}, {"BLOCK": 1024, "PDL": True})
+    compile_kernel(_rms_norm_kernel, ptrs, {"HAS_RES": True, "BLOCK": 4096}, num_warps=16)
+    compile_kernel(_silu_and_mul_kernel, {"x_ptr": f"*{dt}", "out_ptr": f"*{dt}"}, {"BLOCK": 1024})
     ptrs = {"q_ptr": f"*{dt}", "k_ptr": f"*{dt}", "qo_ptr": f"*{dt}", "ko_ptr": f"*{dt}",
             "pos_ptr": "*i64", "cs_ptr": "*fp32"}
     compile_kernel(_rotary_kernel, ptrs,
                    {"HALF": 32, "BLOCK_HQ": 32, "BLOCK_HK": 8, "BLOCK_HALF": 32, "BLOCK_PASS": 64})
     gemv_ptrs = {p: f"*{dt}" for p in ("x_ptr", "r_ptr", "g_ptr", "sum_ptr", "w_ptr", "b_ptr", "out_ptr")}
-    for even_k, bias, norm, res, pdl in ((True, False, False, False, True), (False, True, False, False, False),
-                                         (True, False, True, True, True), (False, True, True, False, True)):
-        compile_kernel(_gemv_kernel, gemv_ptrs, {"BLOCK_N": 8, "BLOCK_K": 512, "EVEN_K": even_k, "HAS_BIAS": bias,
-                                                 "NORM": norm, "HAS_RES": res, "PDL": pdl}, launch_pdl=pdl)
+    for even_k, bias, norm, res in ((True, False, False, False), (False, True, False, False),
+                                    (True, False, True, True), (False, True, True, False)):
+        compile_kernel(_gemv_kernel, gemv_ptrs, {"BLOCK_N": 8, "BLOCK_K": 512, "EVEN_K": even_k,
+                                                 "HAS_BIAS": bias, "NORM": norm, "HAS_RES": res})
     compile_kernel(_copy_blocks_kernel, {p: "*i32" for p in ("src_ptr", "dst_ptr", "src_ids_ptr", "dst_ids_ptr")},
                    {"BLOCK": 2048})
     for cache_dt, qmax, is_int in ((dt, 1.0, False), ("fp8e4nv", 448.0, False), ("i8", 127.0, True)):
