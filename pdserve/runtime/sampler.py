@@ -41,19 +41,43 @@ def sample_tokens(
     seeded draws. suppress[b] are ids masked to -inf first. Unseeded non-greedy rows draw
     from `generator` (the runner's). Greedy means temperature 0 or top_k 1.
     """
-    logits = logits.float().clone()  # masked in place below; the caller's tensor stays intact
+    logits = logits.float()
     if suppress is not None:
         rows = [b for b, ids in enumerate(suppress) for _ in ids]
         cols = [t for ids in suppress for t in ids]
         if rows:
+            logits = logits.clone()  # masked in place; the caller's tensor stays intact
             logits[rows, cols] = float("-inf")
-    out = logits.argmax(dim=-1)
+    out = argmax_rows(logits)
     rows = [b for b, p in enumerate(params) if not p.greedy]
     if rows:
         probs = token_probs(logits[rows], [params[b] for b in rows])
         drawn = _draw(probs, [params[b].seed for b in rows], [positions[b] for b in rows], generator)
         out[rows] = drawn
     return out.tolist()
+
+
+def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
+    """logits.argmax(dim=-1) (the first index of the maximum), in two stages when the vocab
+    splits into 64+ equal chunks: a reduction over one long row runs on one thread block
+    (27 us for Llama-3's 128k vocab on an H200), over many short rows on many."""
+    b, v = logits.shape
+    chunk = _chunk(v)
+    if chunk is None or logits.stride(-1) != 1:
+        return logits.argmax(dim=-1)
+    best, idx = logits.view(b, v // chunk, chunk).max(dim=-1)  # first max of each chunk
+    top = best.argmax(dim=-1, keepdim=True)  # the first chunk holding the row's max
+    return (top * chunk + idx.gather(1, top)).squeeze(1)
+
+
+def _chunk(v: int) -> int | None:
+    """The smallest divisor of v that is >= sqrt(v), if it leaves 64+ chunks; else None."""
+    if v < 4096:
+        return None
+    for c in range(int(v**0.5), v // 64 + 1):
+        if c > 0 and v % c == 0:
+            return c
+    return None
 
 
 def token_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:

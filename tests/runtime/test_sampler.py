@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from pdserve.core.sampling import SamplingParams
-from pdserve.runtime.sampler import position_seed, sample_tokens, token_probs
+from pdserve.runtime.sampler import argmax_rows, position_seed, sample_tokens, token_probs
 
 V = 50
 
@@ -90,3 +90,22 @@ def test_suppressed_ids_never_sampled() -> None:
     for row, (g, s) in enumerate(zip(greedy, sampled)):
         assert g not in banned[row] and s not in banned[row]
     assert torch.equal(x.argmax(-1), top)  # the caller's logits are left untouched
+
+
+def test_two_stage_argmax_equals_argmax_with_ties() -> None:
+    """Real vocab sizes (split in chunks) and a prime one (one stage): the first index of the
+    maximum, also with tied maxima, a constant row and a row of -inf."""
+    gen = torch.Generator().manual_seed(0)
+    for v in (128256, 152064, 49152, 131071):
+        for trial in range(6):
+            x = torch.randn(3, v, generator=gen)
+            if trial == 1:
+                x[:, 5::7] = x.max() + 1  # ties across chunks; the first is at 5
+            if trial == 2:
+                x[:] = 0.0
+            if trial == 3:
+                x[1] = float("-inf")
+            assert torch.equal(argmax_rows(x), x.argmax(-1)), (v, trial)
+    x = torch.zeros(2, 128256)
+    x[0, 128255], x[1, 1] = 1.0, 1.0  # the last index of the last chunk, and an early one
+    assert argmax_rows(x).tolist() == [128255, 1]
