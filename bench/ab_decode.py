@@ -24,6 +24,9 @@ import torch
 import pdserve.kernels.gemv as gemv
 import pdserve.kernels.triton_ops as ops
 from pdserve.kernels.rms_norm import rms_norm
+from pdserve.kernels.rotary import rotary
+from pdserve.kernels.rotary_write_kv import rotary_write_kv
+from pdserve.kernels.write_kv import write_kv
 from pdserve.model.spec import ModelSpec
 from pdserve.runtime.cuda_graph import DecodeGraphs
 from pdserve.runtime.runner import ModelRunner
@@ -36,11 +39,18 @@ def unfused_norm_linear(x, norm_weight, eps, residual, weight, bias=None):
     return gemv.linear(normed, weight, bias), summed
 
 
-VARIANTS = {"norm_fused": True, "separate": False}
+def unfused_rotary_write_kv(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, *scales):
+    q, k = rotary(q, k, positions, cos_sin)
+    write_kv(k, v, k_cache, v_cache, slot_mapping, *scales)
+    return q
 
 
-def apply(norm_fused: bool) -> None:
+VARIANTS = {"fused": (True, True), "rotary_separate": (True, False), "separate": (False, False)}
+
+
+def apply(norm_fused: bool, rotary_fused: bool) -> None:
     ops.norm_linear = gemv.norm_linear if norm_fused else unfused_norm_linear
+    ops.rotary_write_kv = rotary_write_kv if rotary_fused else unfused_rotary_write_kv
 
 
 def main() -> None:
@@ -61,7 +71,7 @@ def main() -> None:
     tokens: dict[str, int] = {}
     for _ in range(a.rounds):
         for name, variant in VARIANTS.items():
-            apply(variant)
+            apply(*variant)
             runner.graphs = DecodeGraphs(runner.model, runner.kv_pool, block_size=BS,
                                          max_model_len=runner.max_model_len, max_num_seqs=1)
             tokens[name] = runner.execute(step).sampled["s0"]

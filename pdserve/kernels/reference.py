@@ -146,6 +146,17 @@ def write_kv(
         sc[blk, off] = scale
 
 
+def rotary_write_kv(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
+    k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """rotary, then write_kv of the rotated k and v: returns the rotated q."""
+    q, k = rotary(q, k, positions, cos_sin)
+    write_kv(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+    return q
+
+
 def dequantize_cache(cache: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
     """float32 values of a cache [N, S, Hk, D] (times its [N, S, Hk] scales when quantized)."""
     if scale is None:

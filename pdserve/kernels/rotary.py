@@ -19,23 +19,23 @@ __all__ = ["rope_cos_sin", "rotary"]
 
 
 @triton.jit
-def _rotate_heads(x_ptr, out_ptr, tok, cos, sin, i, imask, stride_xt, stride_xh, stride_ot, stride_oh,
-                  heads, head_dim, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_PASS: tl.constexpr):
-    """Rotate the `heads` heads of one token of x into out."""
+def rotated_heads(x_ptr, tok, stride_t, stride_h, cs_row, heads, head_dim,
+                  HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The `heads` heads of token `tok` of x rotated, fp32 [BLOCK_H, BLOCK_D] (0 outside the
+    mask, also returned): d < HALF gets x[d] cos - x[d + HALF] sin, HALF <= d < 2 HALF gets
+    x[d] cos + x[d - HALF] sin (cos/sin at d mod HALF of the row cs_row), the rest passes."""
     h = tl.arange(0, BLOCK_H)[:, None]
-    hmask = h < heads
-    src = x_ptr + tok * stride_xt + h * stride_xh
-    dst = out_ptr + tok * stride_ot + h * stride_oh
-    m = hmask & imask
-    x1 = tl.load(src + i, mask=m, other=0.0).to(tl.float32)
-    x2 = tl.load(src + HALF + i, mask=m, other=0.0).to(tl.float32)
-    ty = out_ptr.dtype.element_ty
-    tl.store(dst + i, (x1 * cos - x2 * sin).to(ty), mask=m)
-    tl.store(dst + HALF + i, (x2 * cos + x1 * sin).to(ty), mask=m)
-    if BLOCK_PASS > 0:
-        p = 2 * HALF + tl.arange(0, BLOCK_PASS)[None, :]
-        pm = hmask & (p < head_dim)
-        tl.store(dst + p, tl.load(src + p, mask=pm, other=0.0), mask=pm)
+    d = tl.arange(0, BLOCK_D)[None, :]
+    m = (h < heads) & (d < head_dim)
+    src = x_ptr + tok * stride_t + h * stride_h
+    rot = d < 2 * HALF
+    first = d < HALF
+    i = tl.where(first, d, d - HALF)
+    x = tl.load(src + d, mask=m, other=0.0).to(tl.float32)
+    partner = tl.load(src + tl.where(first, d + HALF, i), mask=m & rot, other=0.0).to(tl.float32)
+    cos = tl.load(cs_row + i, mask=rot, other=1.0)
+    sin = tl.load(cs_row + HALF + i, mask=rot, other=0.0)
+    return tl.where(first, x * cos - partner * sin, x * cos + partner * sin), m
 
 
 @triton.jit
@@ -43,30 +43,22 @@ def _rotary_kernel(
     q_ptr, k_ptr, qo_ptr, ko_ptr, pos_ptr, cs_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_qot, stride_qoh, stride_kot, stride_koh,
     stride_cs, q_heads, k_heads, head_dim,
-    HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr,
-    BLOCK_PASS: tl.constexpr,
+    HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """One program per token rotates its q heads and its k heads (one launch for both)."""
     tok = tl.program_id(0).to(tl.int64)
-    pos = tl.load(pos_ptr + tok).to(tl.int64)
-    i = tl.arange(0, BLOCK_HALF)[None, :]
-    imask = i < HALF
-    cos = tl.load(cs_ptr + pos * stride_cs + i, mask=imask, other=0.0)
-    sin = tl.load(cs_ptr + pos * stride_cs + HALF + i, mask=imask, other=0.0)
-    _rotate_heads(q_ptr, qo_ptr, tok, cos, sin, i, imask, stride_qt, stride_qh, stride_qot, stride_qoh,
-                  q_heads, head_dim, HALF, BLOCK_HQ, BLOCK_PASS)
-    _rotate_heads(k_ptr, ko_ptr, tok, cos, sin, i, imask, stride_kt, stride_kh, stride_kot, stride_koh,
-                  k_heads, head_dim, HALF, BLOCK_HK, BLOCK_PASS)
+    cs_row = cs_ptr + tl.load(pos_ptr + tok).to(tl.int64) * stride_cs
+    d = tl.arange(0, BLOCK_D)[None, :]
+    q, qm = rotated_heads(q_ptr, tok, stride_qt, stride_qh, cs_row, q_heads, head_dim, HALF, BLOCK_HQ, BLOCK_D)
+    h = tl.arange(0, BLOCK_HQ)[:, None]
+    tl.store(qo_ptr + tok * stride_qot + h * stride_qoh + d, q.to(qo_ptr.dtype.element_ty), mask=qm)
+    k, km = rotated_heads(k_ptr, tok, stride_kt, stride_kh, cs_row, k_heads, head_dim, HALF, BLOCK_HK, BLOCK_D)
+    h = tl.arange(0, BLOCK_HK)[:, None]
+    tl.store(ko_ptr + tok * stride_kot + h * stride_koh + d, k.to(ko_ptr.dtype.element_ty), mask=km)
 
 
-def rotary(
-    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Neox-style (HF rotate_half) rotary embedding of q [T, Hq, D] and k [T, Hk, D].
-
-    positions [T] (int32/int64) index rows of cos_sin [max_position, rotary_dim] (float32).
-    Returns new contiguous tensors; q and k may be strided views (e.g. of a fused qkv).
-    """
+def check_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor) -> int:
+    """Check rotary()'s arguments; returns the rotary dim (cos_sin's width)."""
     check_dim("q", q, 3)
     check_dim("k", k, 3)
     check_dim("positions", positions, 1)
@@ -87,16 +79,28 @@ def rotary(
     rot = cos_sin.shape[1]
     assert rot % 2 == 0 and 0 < rot <= d, f"cos_sin width {rot} must be even and <= head dim {d}"
     check_device(q=q, k=k, positions=positions, cos_sin=cos_sin)
+    return rot
+
+
+def rotary(
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Neox-style (HF rotate_half) rotary embedding of q [T, Hq, D] and k [T, Hk, D].
+
+    positions [T] (int32/int64) index rows of cos_sin [max_position, rotary_dim] (float32).
+    Returns new contiguous tensors; q and k may be strided views (e.g. of a fused qkv).
+    """
+    rot = check_rotary(q, k, positions, cos_sin)
+    t, _, d = q.shape
     qo = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     ko = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     if t == 0:
         return qo, ko
-    half, rest = rot // 2, d - rot
     _rotary_kernel[(t,)](
         q, k, qo, ko, positions, cos_sin,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), qo.stride(0), qo.stride(1),
         ko.stride(0), ko.stride(1), cos_sin.stride(0), q.shape[1], k.shape[1], d,
-        HALF=half, BLOCK_HQ=next_pow2(max(q.shape[1], 1)), BLOCK_HK=next_pow2(max(k.shape[1], 1)),
-        BLOCK_HALF=next_pow2(half), BLOCK_PASS=next_pow2(rest) if rest else 0, num_warps=4,
+        HALF=rot // 2, BLOCK_HQ=next_pow2(q.shape[1]), BLOCK_HK=next_pow2(k.shape[1]),
+        BLOCK_D=next_pow2(d), num_warps=4,
     )
     return qo, ko

@@ -15,6 +15,7 @@ from pdserve.kernels.prefill_attention import paged_prefill_attention
 from pdserve.kernels.reference import gather_kv, rope_cos_sin
 from pdserve.kernels.rms_norm import rms_norm
 from pdserve.kernels.rotary import rotary
+from pdserve.kernels.rotary_write_kv import rotary_write_kv
 from pdserve.kernels.silu_and_mul import silu_and_mul
 from pdserve.kernels.write_kv import write_kv
 
@@ -28,6 +29,7 @@ __all__ = [
     "rms_norm",
     "rope_cos_sin",
     "rotary",
+    "rotary_write_kv",
     "silu_and_mul",
     "write_kv",
 ]

@@ -134,11 +134,11 @@ class LlamaModel:
             # per-head norm: the kernels take 2-D rows, so fold heads into rows
             q = ops.rms_norm(q.reshape(-1, d), lw["q_norm"], spec.rms_norm_eps)[0].view(t, -1, d)
             k = ops.rms_norm(k.reshape(-1, d), lw["k_norm"], spec.rms_norm_eps)[0].view(t, -1, d)
-        q, k = ops.rotary(q, k, positions, self.cos_sin)
         # a quantized pool (fp8/int8 rows + scales, runtime/kv_quant.py) adds scale views
         k_cache, v_cache, *scales = layer_views(kv_pool, l, d)
         quant = tuple(scales) if scales[0] is not None else ()
-        ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping, *quant)
+        # the rotated k goes straight into the cache (one kernel on CUDA)
+        q = ops.rotary_write_kv(q, k, v, positions, self.cos_sin, k_cache, v_cache, meta.slot_mapping, *quant)
         if layer_hook is not None:
             layer_hook(l)
         if meta.is_decode:

@@ -22,6 +22,7 @@ from pdserve.kernels.prefill_attention import _prefill_kernel  # noqa: E402
 from pdserve.kernels.rms_norm import _rms_norm_kernel  # noqa: E402
 from pdserve.kernels.copy_blocks import _copy_blocks_kernel  # noqa: E402
 from pdserve.kernels.rotary import _rotary_kernel  # noqa: E402
+from pdserve.kernels.rotary_write_kv import _rotary_write_kv_kernel  # noqa: E402
 from pdserve.kernels.silu_and_mul import _silu_and_mul_kernel  # noqa: E402
 from pdserve.kernels.write_kv import _write_kv_kernel  # noqa: E402
 
@@ -76,8 +77,7 @@ def elementwise(dt: str) -> None:
     compile_kernel(_silu_and_mul_kernel, {"x_ptr": f"*{dt}", "out_ptr": f"*{dt}"}, {"BLOCK": 1024})
     ptrs = {"q_ptr": f"*{dt}", "k_ptr": f"*{dt}", "qo_ptr": f"*{dt}", "ko_ptr": f"*{dt}",
             "pos_ptr": "*i64", "cs_ptr": "*fp32"}
-    compile_kernel(_rotary_kernel, ptrs,
-                   {"HALF": 32, "BLOCK_HQ": 32, "BLOCK_HK": 8, "BLOCK_HALF": 32, "BLOCK_PASS": 64})
+    compile_kernel(_rotary_kernel, ptrs, {"HALF": 32, "BLOCK_HQ": 32, "BLOCK_HK": 8, "BLOCK_D": 128})
     gemv_ptrs = {p: f"*{dt}" for p in ("x_ptr", "r_ptr", "g_ptr", "sum_ptr", "w_ptr", "b_ptr", "out_ptr")}
     for even_k, bias, norm, res in ((True, False, False, False), (False, True, False, False),
                                     (True, False, True, True), (False, True, True, False)):
@@ -88,9 +88,10 @@ def elementwise(dt: str) -> None:
     for cache_dt, qmax, is_int in ((dt, 1.0, False), ("fp8e4nv", 448.0, False), ("i8", 127.0, True)):
         ptrs = {"k_ptr": f"*{dt}", "v_ptr": f"*{dt}", "kc_ptr": f"*{cache_dt}",
                 "vc_ptr": f"*{cache_dt}", "slot_ptr": "*i64", **SCALES}
-        compile_kernel(_write_kv_kernel, ptrs, {"S": 16, "BLOCK_H": 8, "BLOCK_D": 128,
-                                                "QUANT": cache_dt != dt, "QMAX": qmax,
-                                                "IS_INT": is_int})
+        consts = {"S": 16, "QUANT": cache_dt != dt, "QMAX": qmax, "IS_INT": is_int, "BLOCK_D": 128}
+        compile_kernel(_write_kv_kernel, ptrs, {**consts, "BLOCK_H": 8})
+        ptrs |= {"q_ptr": f"*{dt}", "qo_ptr": f"*{dt}", "pos_ptr": "*i64", "cs_ptr": "*fp32"}
+        compile_kernel(_rotary_write_kv_kernel, ptrs, {**consts, "HALF": 64, "BLOCK_HQ": 32, "BLOCK_HK": 8})
 
 
 if __name__ == "__main__":
