@@ -58,12 +58,13 @@ def sample_tokens(
 
 
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
-    """logits.argmax(dim=-1) (the first index of the maximum), in two stages when the vocab
-    splits into 64+ equal chunks: a reduction over one long row runs on one thread block
-    (27 us for Llama-3's 128k vocab on an H200), over many short rows on many."""
+    """logits.argmax(dim=-1) (the first index of the maximum), in two stages for a few rows
+    whose vocab splits into 64+ equal chunks: a reduction over one long row runs on one thread
+    block (27 us for Llama-3's 128k vocab on an H200, 4 us in two stages), over many short rows
+    on many; at 256 rows the plain argmax is the faster (54 vs 70 us)."""
     b, v = logits.shape
     chunk = _chunk(v)
-    if chunk is None or logits.stride(-1) != 1:
+    if chunk is None or b > 8 or logits.stride(-1) != 1:
         return logits.argmax(dim=-1)
     best, idx = logits.view(b, v // chunk, chunk).max(dim=-1)  # first max of each chunk
     top = best.argmax(dim=-1, keepdim=True)  # the first chunk holding the row's max

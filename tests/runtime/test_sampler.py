@@ -106,6 +106,8 @@ def test_two_stage_argmax_equals_argmax_with_ties() -> None:
             if trial == 3:
                 x[1] = float("-inf")
             assert torch.equal(argmax_rows(x), x.argmax(-1)), (v, trial)
+    big = torch.randn(20, 128256, generator=gen)  # many rows: one stage
+    assert torch.equal(argmax_rows(big), big.argmax(-1))
     x = torch.zeros(2, 128256)
     x[0, 128255], x[1, 1] = 1.0, 1.0  # the last index of the last chunk, and an early one
     assert argmax_rows(x).tolist() == [128255, 1]
