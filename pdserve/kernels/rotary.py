@@ -39,6 +39,16 @@ def rotated_heads(x_ptr, tok, stride_t, stride_h, cs_row, heads, head_dim,
 
 
 @triton.jit
+def rotate_heads_into(x_ptr, out_ptr, tok, stride_t, stride_h, stride_ot, stride_oh, cs_row, heads, head_dim,
+                      HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Store rotated_heads of token `tok` of x into the same token of out, in out's dtype."""
+    x, m = rotated_heads(x_ptr, tok, stride_t, stride_h, cs_row, heads, head_dim, HALF, BLOCK_H, BLOCK_D)
+    h = tl.arange(0, BLOCK_H)[:, None]
+    d = tl.arange(0, BLOCK_D)[None, :]
+    tl.store(out_ptr + tok * stride_ot + h * stride_oh + d, x.to(out_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
 def _rotary_kernel(
     q_ptr, k_ptr, qo_ptr, ko_ptr, pos_ptr, cs_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_qot, stride_qoh, stride_kot, stride_koh,
@@ -48,13 +58,10 @@ def _rotary_kernel(
     """One program per token rotates its q heads and its k heads (one launch for both)."""
     tok = tl.program_id(0).to(tl.int64)
     cs_row = cs_ptr + tl.load(pos_ptr + tok).to(tl.int64) * stride_cs
-    d = tl.arange(0, BLOCK_D)[None, :]
-    q, qm = rotated_heads(q_ptr, tok, stride_qt, stride_qh, cs_row, q_heads, head_dim, HALF, BLOCK_HQ, BLOCK_D)
-    h = tl.arange(0, BLOCK_HQ)[:, None]
-    tl.store(qo_ptr + tok * stride_qot + h * stride_qoh + d, q.to(qo_ptr.dtype.element_ty), mask=qm)
-    k, km = rotated_heads(k_ptr, tok, stride_kt, stride_kh, cs_row, k_heads, head_dim, HALF, BLOCK_HK, BLOCK_D)
-    h = tl.arange(0, BLOCK_HK)[:, None]
-    tl.store(ko_ptr + tok * stride_kot + h * stride_koh + d, k.to(ko_ptr.dtype.element_ty), mask=km)
+    rotate_heads_into(q_ptr, qo_ptr, tok, stride_qt, stride_qh, stride_qot, stride_qoh, cs_row,
+                      q_heads, head_dim, HALF, BLOCK_HQ, BLOCK_D)
+    rotate_heads_into(k_ptr, ko_ptr, tok, stride_kt, stride_kh, stride_kot, stride_koh, cs_row,
+                      k_heads, head_dim, HALF, BLOCK_HK, BLOCK_D)
 
 
 def check_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor) -> int:

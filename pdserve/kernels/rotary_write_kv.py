@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from pdserve.kernels._common import next_pow2
-from pdserve.kernels.rotary import check_rotary, rotated_heads
+from pdserve.kernels.rotary import check_rotary, rotate_heads_into, rotated_heads
 from pdserve.kernels.write_kv import cache_args, check_write_kv, slot_offsets, store_row
 
 
@@ -27,18 +27,19 @@ def _rotary_write_kv_kernel(
     HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_D: tl.constexpr,
     S: tl.constexpr, QUANT: tl.constexpr, QMAX: tl.constexpr, IS_INT: tl.constexpr,
 ):
+    """One program per token: its q heads rotated into qo (also for a padding token), its k
+    heads rotated and rounded to k's dtype, then stored like write_kv with its v heads."""
     tok = tl.program_id(0).to(tl.int64)
     cs_row = cs_ptr + tl.load(pos_ptr + tok).to(tl.int64) * stride_cos
-    d = tl.arange(0, BLOCK_D)[None, :]
-    q, qm = rotated_heads(q_ptr, tok, stride_qt, stride_qh, cs_row, q_heads, head_dim, HALF, BLOCK_HQ, BLOCK_D)
-    h = tl.arange(0, BLOCK_HQ)[:, None]
-    tl.store(qo_ptr + tok * stride_qot + h * stride_qoh + d, q.to(qo_ptr.dtype.element_ty), mask=qm)
+    rotate_heads_into(q_ptr, qo_ptr, tok, stride_qt, stride_qh, stride_qot, stride_qoh, cs_row,
+                      q_heads, head_dim, HALF, BLOCK_HQ, BLOCK_D)
     slot = tl.load(slot_ptr + tok).to(tl.int64)
     dst, sdst, m, hmask = slot_offsets(slot, k_heads, head_dim, stride_cn, stride_cs, stride_ch,
                                        stride_sn, stride_ss, stride_sh, S, BLOCK_HK, BLOCK_D)
     k, _ = rotated_heads(k_ptr, tok, stride_kt, stride_kh, cs_row, k_heads, head_dim, HALF, BLOCK_HK, BLOCK_D)
     store_row(k.to(k_ptr.dtype.element_ty), kc_ptr, ks_ptr, dst, sdst, m, hmask, QUANT, QMAX, IS_INT)
     h = tl.arange(0, BLOCK_HK)[:, None]
+    d = tl.arange(0, BLOCK_D)[None, :]
     v = tl.load(v_ptr + tok * stride_vt + h * stride_vh + d, mask=m, other=0.0)
     store_row(v, vc_ptr, vs_ptr, dst, sdst, m, hmask, QUANT, QMAX, IS_INT)
 
