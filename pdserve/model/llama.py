@@ -117,8 +117,10 @@ class LlamaModel:
         return out
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[n, H] -> float32 logits [n, V]."""
-        return self.ops.linear(hidden, self.w["lm_head"]).float()
+        """[n, H] -> logits [n, V] in the weights' dtype: a greedy pick needs no float32 copy
+        (2 bytes more per logit; 0.1 ms a step at batch 256 x 128k vocab), the sampler and the
+        speculative verifier upcast where they need to."""
+        return self.ops.linear(hidden, self.w["lm_head"])
 
     def _attention(
         self, l: int, lw: dict[str, torch.Tensor], qkv: torch.Tensor, positions: torch.Tensor,

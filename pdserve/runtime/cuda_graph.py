@@ -193,7 +193,7 @@ class DecodeGraphs:
         )
 
     def forward(self, b: int) -> torch.Tensor:
-        """float32 logits [b, V] of the first b rows of the static buffers (what a graph holds)."""
+        """Logits [b, V] (model dtype) of the first b rows of the static buffers (what a graph holds)."""
         m, s = self.max_batch, self._static
         hidden = self.model.forward(s[:b], s[m : m + b], self._meta(b), self.kv_pool)
         return self.model.compute_logits(hidden)

@@ -41,6 +41,8 @@ def sample_tokens(
     seeded draws. suppress[b] are ids masked to -inf first. Unseeded non-greedy rows draw
     from `generator` (the runner's). Greedy means temperature 0 or top_k 1.
     """
+    if all(p.greedy for p in params) and not (suppress and any(suppress)):
+        return argmax_rows(logits).tolist()  # in the logits' dtype: upcasting changes no order
     logits = logits.float()
     if suppress is not None:
         rows = [b for b, ids in enumerate(suppress) for _ in ids]

@@ -132,7 +132,7 @@ class VerifyGraphs:
         """float32 logits [b(K+1), V] of the first b sequences of the static buffers."""
         m, r, s = self.max_batch, self.k + 1, self._static
         hidden = self.model.forward(s[: b * r], s[m * r : m * r + b * r], self._meta(b), self.kv_pool)
-        return self.model.compute_logits(hidden)
+        return self.model.compute_logits(hidden).float()
 
     def _capture_all(self) -> None:
         self._graphs, self._logits = capture_graphs(self.sizes, self.forward)
