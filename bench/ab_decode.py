@@ -5,7 +5,8 @@
 One runner (random weights of the model's shape, the table width of a 4k model length as in
 bench/engine.py); each variant patches the op namespace, captures the decode graphs again and
 times `--iters` steps; variants take turns over `--rounds` rounds, so drift of the machine hits
-them alike. Variants: the RMSNorm fused into the gemv after it, or a separate kernel.
+them alike. Variants: the RMSNorm fused into the gemv after it and the rotary embedding fused
+with the KV write (rotary_write_kv), or separate kernels.
 (bench/results/ab-decode-h200-2026-12-03-s8.json came from commit 98a4f89, whose variants also
 fused the SiLU-and-mul into the down projection and launched the gemv with programmatic
 dependent launch; -s8d.json from 97f26f8, where the PDL gemv also read its first weight tile
