@@ -1,6 +1,6 @@
 """A/B of batch-1 decode variants in one process (diagnostic, CUDA only).
 
-    python bench/ab_decode.py --out FILE [--model llama-3.1-8b] [--ctx 128] [--rounds 4]
+    python bench/ab_decode.py --out FILE [--model llama-3.1-8b] [--batch 1] [--ctx 128] [--rounds 4]
 
 One runner (random weights of the model's shape, the table width of a 4k model length as in
 bench/engine.py); each variant patches the op namespace, captures the decode graphs again and
@@ -59,29 +59,31 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--model", default="llama-3.1-8b")
     p.add_argument("--ctx", type=int, default=128)
+    p.add_argument("--batch", type=int, default=1, help="sequences per step (the default: batch-1 decode)")
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--iters", type=int, default=100)
     a = p.parse_args()
     spec = ModelSpec.from_config_dict(json.loads((CONFIGS / f"{a.model}.json").read_text()))
     max_len = 4096 + 64
-    runner = ModelRunner(spec, None, device="cuda", dtype=torch.bfloat16, num_blocks=max_len // BS + 64,
-                         block_size=BS, load_format="dummy", max_model_len=max_len, max_num_seqs=1)
+    blocks = max(max_len // BS, a.batch * (a.ctx // BS + 1)) + 64
+    runner = ModelRunner(spec, None, device="cuda", dtype=torch.bfloat16, num_blocks=blocks,
+                         block_size=BS, load_format="dummy", max_model_len=max_len, max_num_seqs=a.batch)
     runner.kv_pool.normal_()
-    step = decode_step(1, a.ctx, spec.vocab_size)
+    step = decode_step(a.batch, a.ctx, spec.vocab_size)
     times: dict[str, list[float]] = {name: [] for name in VARIANTS}
     tokens: dict[str, int] = {}
     for _ in range(a.rounds):
         for name, variant in VARIANTS.items():
             apply(*variant)
             runner.graphs = DecodeGraphs(runner.model, runner.kv_pool, block_size=BS,
-                                         max_model_len=runner.max_model_len, max_num_seqs=1)
+                                         max_model_len=runner.max_model_len, max_num_seqs=a.batch)
             tokens[name] = runner.execute(step).sampled["s0"]
             times[name].append(timed(lambda: runner.execute(step), iters=a.iters))
-    res = {"gpu": torch.cuda.get_device_name(), "model": a.model, "ctx": a.ctx, "variants": {}}
+    res = {"gpu": torch.cuda.get_device_name(), "model": a.model, "batch": a.batch, "ctx": a.ctx, "variants": {}}
     for name, ts in times.items():
         ms = statistics.median(ts) * 1e3
-        res["variants"][name] = {"step_ms": ms, "tok_s": 1e3 / ms, "rounds_ms": [t * 1e3 for t in ts]}
-        print(f"{name:14s} step {ms:.3f} ms  {1e3 / ms:7.1f} tok/s  rounds "
+        res["variants"][name] = {"step_ms": ms, "tok_s": a.batch * 1e3 / ms, "rounds_ms": [t * 1e3 for t in ts]}
+        print(f"{name:14s} step {ms:.3f} ms  {a.batch * 1e3 / ms:8.1f} tok/s  rounds "
               + " ".join(f"{t * 1e3:.3f}" for t in ts), flush=True)
     print("first tokens", tokens)
     Path(a.out).write_text(json.dumps(res, indent=1))
