@@ -15,7 +15,7 @@ import triton.language as tl
 
 from pdserve.kernels._common import next_pow2
 from pdserve.kernels.rotary import check_rotary, rotate_heads_into, rotated_heads
-from pdserve.kernels.write_kv import cache_args, check_write_kv, slot_offsets, store_row
+from pdserve.kernels.write_kv import cache_args, check_write_kv, slot_offsets, store_row, token_rows
 
 
 @triton.jit
@@ -38,9 +38,7 @@ def _rotary_write_kv_kernel(
                                        stride_sn, stride_ss, stride_sh, S, BLOCK_HK, BLOCK_D)
     k, _ = rotated_heads(k_ptr, tok, stride_kt, stride_kh, cs_row, k_heads, head_dim, HALF, BLOCK_HK, BLOCK_D)
     store_row(k.to(k_ptr.dtype.element_ty), kc_ptr, ks_ptr, dst, sdst, m, hmask, QUANT, QMAX, IS_INT)
-    h = tl.arange(0, BLOCK_HK)[:, None]
-    d = tl.arange(0, BLOCK_D)[None, :]
-    v = tl.load(v_ptr + tok * stride_vt + h * stride_vh + d, mask=m, other=0.0)
+    v = token_rows(v_ptr, tok, stride_vt, stride_vh, m, BLOCK_HK, BLOCK_D)
     store_row(v, vc_ptr, vs_ptr, dst, sdst, m, hmask, QUANT, QMAX, IS_INT)
 
 

@@ -46,6 +46,14 @@ def slot_offsets(slot, heads, head_dim, stride_cn, stride_cs, stride_ch, stride_
 
 
 @triton.jit
+def token_rows(ptr, tok, stride_t, stride_h, m, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The [BLOCK_H, BLOCK_D] head rows of token `tok` of a [T, H, D] tensor (0 outside m)."""
+    h = tl.arange(0, BLOCK_H)[:, None]
+    d = tl.arange(0, BLOCK_D)[None, :]
+    return tl.load(ptr + tok * stride_t + h * stride_h + d, mask=m, other=0.0)
+
+
+@triton.jit
 def _write_kv_kernel(
     k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, ks_ptr, vs_ptr,
     stride_kt, stride_kh, stride_vt, stride_vh, stride_cn, stride_cs, stride_ch,
@@ -57,10 +65,8 @@ def _write_kv_kernel(
     slot = tl.load(slot_ptr + tok).to(tl.int64)
     dst, sdst, m, hmask = slot_offsets(slot, heads, head_dim, stride_cn, stride_cs, stride_ch,
                                        stride_sn, stride_ss, stride_sh, S, BLOCK_H, BLOCK_D)
-    h = tl.arange(0, BLOCK_H)[:, None]
-    d = tl.arange(0, BLOCK_D)[None, :]
-    k = tl.load(k_ptr + tok * stride_kt + h * stride_kh + d, mask=m, other=0.0)
-    v = tl.load(v_ptr + tok * stride_vt + h * stride_vh + d, mask=m, other=0.0)
+    k = token_rows(k_ptr, tok, stride_kt, stride_kh, m, BLOCK_H, BLOCK_D)
+    v = token_rows(v_ptr, tok, stride_vt, stride_vh, m, BLOCK_H, BLOCK_D)
     store_row(k, kc_ptr, ks_ptr, dst, sdst, m, hmask, QUANT, QMAX, IS_INT)
     store_row(v, vc_ptr, vs_ptr, dst, sdst, m, hmask, QUANT, QMAX, IS_INT)
 

@@ -146,7 +146,7 @@ class DecodeGraphs:
 
     @torch.inference_mode()
     def run(self, seqs: tuple[SeqSlice, ...]) -> torch.Tensor:
-        """float32 logits [len(seqs), V] of a decode batch (valid until the next run)."""
+        """Logits [len(seqs), V] (model dtype) of a decode batch (valid until the next run)."""
         padded = self.stage(seqs)
         self._graphs[padded].replay()
         return self._logits[padded][: len(seqs)]

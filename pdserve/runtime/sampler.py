@@ -7,6 +7,7 @@ request's earlier draws, or on which worker (prefill or decode) samples it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -73,8 +74,10 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     return (top * chunk + idx.gather(1, top)).squeeze(1)
 
 
+@functools.lru_cache(maxsize=None)
 def _chunk(v: int) -> int | None:
-    """The smallest divisor of v that is >= sqrt(v), if it leaves 64+ chunks; else None."""
+    """The smallest divisor of v that is >= sqrt(v), if it leaves 64+ chunks; else None (once
+    per vocab size: the search runs up to v / 64 steps for a prime v)."""
     if v < 4096:
         return None
     for c in range(int(v**0.5), v // 64 + 1):

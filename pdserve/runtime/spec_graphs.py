@@ -87,7 +87,7 @@ class VerifyGraphs:
 
     @torch.inference_mode()
     def run(self, seqs: tuple[SeqSlice, ...]) -> tuple[torch.Tensor, list[int]]:
-        """float32 logits [P(K+1), V] (valid until the next run) and each slice's first row."""
+        """Logits [P(K+1), V] (model dtype, valid until the next run) and each slice's first row."""
         padded = next(b for b in self.sizes if b >= len(seqs))
         self._stage(seqs, padded)
         if self._capture:
@@ -129,10 +129,10 @@ class VerifyGraphs:
         )
 
     def forward(self, b: int) -> torch.Tensor:
-        """float32 logits [b(K+1), V] of the first b sequences of the static buffers."""
+        """Logits [b(K+1), V] (model dtype) of the first b sequences of the static buffers."""
         m, r, s = self.max_batch, self.k + 1, self._static
         hidden = self.model.forward(s[: b * r], s[m * r : m * r + b * r], self._meta(b), self.kv_pool)
-        return self.model.compute_logits(hidden).float()
+        return self.model.compute_logits(hidden)
 
     def _capture_all(self) -> None:
         self._graphs, self._logits = capture_graphs(self.sizes, self.forward)

@@ -84,5 +84,5 @@ def execute_speculative(runner: ModelRunner, step: StepInput) -> StepOutput:
     idx = torch.tensor(rows, dtype=torch.int64).to(runner.device, non_blocking=True)
     meta = dataclasses.replace(meta, logits_indices=idx, is_decode=False)
     hidden = runner.model.forward(ids, positions, meta, runner.kv_pool)
-    logits = runner.model.compute_logits(hidden).float()
+    logits = runner.model.compute_logits(hidden)
     return verify_step(logits, owned, runner.generator)

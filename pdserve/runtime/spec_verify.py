@@ -68,8 +68,8 @@ def verify_drafts(
 ) -> list[int]:
     """Tokens emitted for one sequence: the accepted drafts plus one corrected/bonus token.
 
-    logits [len(drafts) + 1, V]: row i predicts position first_pos + i (row i > 0 follows
-    draft i - 1). suppress[i]: ids masked in row i.
+    logits [len(drafts) + 1, V] (any float dtype; upcast here): row i predicts position
+    first_pos + i (row i > 0 follows draft i - 1). suppress[i]: ids masked in row i.
     """
     logits = logits.float().clone()
     for i, ids in enumerate(suppress):
