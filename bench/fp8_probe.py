@@ -181,6 +181,12 @@ def main(quick: bool = False, sweep: bool = False) -> None:
                               warmup=25, rep=200, return_mode="median")
                 print(f"{seqs}x{ctx} {dt} real kernel tiles={tiles}: {ms:.3f} ms "
                       f"{mb / ms / 1e6:.0f} GB/s", flush=True)
+            for heads_first in (False, True, False, True):
+                ms = do_bench(lambda: decode_with_partitions(q, *args, tables, lens, scale, ctx, *sc,  # noqa: B023
+                                                             heads_first=heads_first),  # noqa: B023
+                              warmup=25, rep=200, return_mode="median")
+                print(f"{seqs}x{ctx} {dt} real kernel heads_first={heads_first}: {ms:.3f} ms "
+                      f"{mb / ms / 1e6:.0f} GB/s", flush=True)
         if sweep:
             for dt, args, mb in (("bf16", (bf_pool[0], bf_pool[1]), bf_bytes), ("fp8", (views.k, views.v), nbytes)):
                 sc = (views.k_scale, views.v_scale) if dt == "fp8" else (None, None)

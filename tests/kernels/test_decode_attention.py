@@ -44,6 +44,16 @@ def test_decode_split_k_partitions(dtype: torch.dtype, partition: int) -> None:
     assert_close(out, reference.paged_decode_attention(q, kc, vc, tables, lens, 0.125))
 
 
+@pytest.mark.parametrize("heads_first", [True, False])
+@pytest.mark.parametrize("partition", [16, 256])
+def test_decode_grid_orders_agree(heads_first: bool, partition: int) -> None:
+    """Both program orders (a sequence's KV heads side by side, or sequences first) give the
+    reference's result, split-K included (its partial sums are indexed by sequence and head)."""
+    q, kc, vc, tables, lens = _case(torch.float32, 4, 64, kv_heads=3)
+    out = decode_with_partitions(q, kc, vc, tables, lens, 0.125, partition, heads_first=heads_first)
+    assert_close(out, reference.paged_decode_attention(q, kc, vc, tables, lens, 0.125))
+
+
 def test_decode_rejects_int64_block_tables() -> None:
     q, kc, vc, tables, lens = _case(torch.float32, 1, 64)
     with pytest.raises(AssertionError, match="block_tables has dtype"):
