@@ -6,7 +6,8 @@ One runner (random weights of the model's shape, the table width of a 4k model l
 bench/engine.py); each variant patches the op namespace, captures the decode graphs again and
 times `--iters` steps; variants take turns over `--rounds` rounds, so drift of the machine hits
 them alike. Variants: the RMSNorm fused into the gemv after it and the rotary embedding fused
-with the KV write (rotary_write_kv), or separate kernels.
+with the KV write (rotary_write_kv), or separate kernels; and the start of the next projection's
+weight warmed into L2 at the end of each gemv (4, 8 or 16 MiB), or not.
 (bench/results/ab-decode-h200-2026-12-03-s8.json came from commit 98a4f89, whose variants also
 fused the SiLU-and-mul into the down projection and launched the gemv with programmatic
 dependent launch; -s8d.json from 97f26f8, where the PDL gemv also read its first weight tile
@@ -35,9 +36,9 @@ from pdserve.runtime.runner import ModelRunner
 from engine import BS, CONFIGS, decode_step, timed  # bench/ is on sys.path when run as a script
 
 
-def unfused_norm_linear(x, norm_weight, eps, residual, weight, bias=None):
+def unfused_norm_linear(x, norm_weight, eps, residual, weight, bias=None, prefetch=None):
     normed, summed = rms_norm(x, norm_weight, eps, residual)
-    return gemv.linear(normed, weight, bias), summed
+    return gemv.linear(normed, weight, bias, prefetch=prefetch), summed
 
 
 def unfused_rotary_write_kv(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, *scales):
@@ -46,12 +47,16 @@ def unfused_rotary_write_kv(q, k, v, positions, cos_sin, k_cache, v_cache, slot_
     return q
 
 
-VARIANTS = {"fused": (True, True), "rotary_separate": (True, False), "separate": (False, False)}
+VARIANTS = {  # name: (norm fused, rotary+KV write fused, bytes of the next weight warmed into L2)
+    "prefetch_8m": (True, True, 8 << 20), "prefetch_4m": (True, True, 4 << 20), "prefetch_16m": (True, True, 16 << 20),
+    "fused": (True, True, 0), "separate": (False, False, 0),
+}
 
 
-def apply(norm_fused: bool, rotary_fused: bool) -> None:
+def apply(norm_fused: bool, rotary_fused: bool, prefetch_bytes: int) -> None:
     ops.norm_linear = gemv.norm_linear if norm_fused else unfused_norm_linear
     ops.rotary_write_kv = rotary_write_kv if rotary_fused else unfused_rotary_write_kv
+    gemv.PREFETCH_BYTES = prefetch_bytes
 
 
 def main() -> None:

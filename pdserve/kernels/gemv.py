@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from pdserve.kernels._common import FLOAT_DTYPES, check_device, check_dim, check_dtype
-from pdserve.kernels._common import check_last_contiguous
+from pdserve.kernels._common import check_last_contiguous, interpreting, next_pow2
 from pdserve.kernels.rms_norm import rms_norm
 
 
@@ -40,10 +40,17 @@ def _load(ptr, k, kmask, EVEN_K: tl.constexpr):
 
 
 @triton.jit
+def _prefetch_l2(ptrs):
+    """Ask L2 for the 128-byte lines at ptrs (no registers filled, nothing waits for them)."""
+    tl.inline_asm_elementwise("prefetch.global.L2::evict_last [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
+                              dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _gemv_kernel(
-    x_ptr, r_ptr, g_ptr, sum_ptr, w_ptr, b_ptr, out_ptr, n_out, k_in, stride_w, eps,
+    x_ptr, r_ptr, g_ptr, sum_ptr, w_ptr, b_ptr, out_ptr, pf_ptr, n_out, k_in, stride_w, eps, pf_lines,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-    NORM: tl.constexpr, HAS_RES: tl.constexpr,
+    NORM: tl.constexpr, HAS_RES: tl.constexpr, PF_LINES: tl.constexpr,
 ):
     pid = tl.program_id(0)
     n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -73,6 +80,9 @@ def _gemv_kernel(
     if HAS_BIAS:
         y += tl.load(b_ptr + n, mask=nmask, other=0.0).to(tl.float32)
     tl.store(out_ptr + n, y.to(out_ptr.dtype.element_ty), mask=nmask)
+    if PF_LINES > 0:  # warm L2 with the start of the next projection's weights: its ramp
+        line = tl.minimum(pid * PF_LINES + tl.arange(0, PF_LINES), pf_lines - 1)
+        _prefetch_l2(pf_ptr + line.to(tl.int64) * 128)
 
 
 def _check_row(x: torch.Tensor) -> None:
@@ -86,8 +96,10 @@ def _launch(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
     summed: torch.Tensor | None = None, eps: float = 0.0, *, block_n: int, block_k: int, num_warps: int,
+    prefetch: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Check the weight and knobs, and run the kernel over the row x (normed with norm_weight)."""
+    """Check the weight and knobs, and run the kernel over the row x (normed with norm_weight);
+    at its end the programs ask L2 for the first PREFETCH_BYTES of `prefetch` (CUDA only)."""
     check_dim("weight", weight, 2)
     check_last_contiguous("weight", weight)
     assert weight.dtype == x.dtype, f"weight dtype {weight.dtype} != x dtype {x.dtype}"
@@ -104,32 +116,50 @@ def _launch(
     out = torch.empty((1, n), dtype=x.dtype, device=x.device)
     if n == 0:
         return out
-    _gemv_kernel[(triton.cdiv(n, block_n),)](
+    grid = triton.cdiv(n, block_n)
+    pf, pf_lines, per_program = _prefetch_plan(prefetch, x.device, grid)
+    _gemv_kernel[(grid,)](
         x, residual if residual is not None else x, norm_weight if norm_weight is not None else x,
         summed if summed is not None else x, weight, bias if bias is not None else weight, out,
-        n, k, weight.stride(0), float(eps),
+        pf if pf is not None else out, n, k, weight.stride(0), float(eps), pf_lines,
         BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=k % block_k == 0, HAS_BIAS=bias is not None,
-        NORM=norm_weight is not None, HAS_RES=residual is not None, num_warps=num_warps,
+        NORM=norm_weight is not None, HAS_RES=residual is not None, PF_LINES=per_program,
+        num_warps=num_warps,
     )
     return out
 
 
+PREFETCH_BYTES = 8 << 20  # ~2 us of HBM reads at 4 TB/s: what a gemv kernel's ramp-up costs
+
+
+def _prefetch_plan(prefetch: torch.Tensor | None, device: torch.device, grid: int
+                   ) -> tuple[torch.Tensor | None, int, int]:
+    """(bytes view, lines to prefetch, lines per program; 0: none) for `prefetch`'s first
+    PREFETCH_BYTES. Off in the interpreter (no PTX) and for tensors elsewhere."""
+    if (prefetch is None or PREFETCH_BYTES <= 0 or interpreting() or not prefetch.is_contiguous()
+            or prefetch.device != device or prefetch.numel() == 0):
+        return None, 1, 0
+    flat = prefetch.reshape(-1).view(torch.uint8)
+    lines = triton.cdiv(min(flat.numel(), PREFETCH_BYTES), 128)
+    return flat, lines, next_pow2(triton.cdiv(lines, grid))
+
+
 def gemv(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-    *, block_n: int = 8, block_k: int = 512, num_warps: int = 4,
+    *, block_n: int = 8, block_k: int = 512, num_warps: int = 4, prefetch: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x [1, K] @ weight[N, K]^T (+ bias [N]) -> [1, N] in x's dtype, fp32 accumulation.
 
     block_n (output rows per program) and block_k (reduction chunk), powers of two, and
-    num_warps are tuning knobs."""
+    num_warps are tuning knobs; `prefetch` (the next kernel's weight) gets its start into L2."""
     _check_row(x)
-    return _launch(x, weight, bias, block_n=block_n, block_k=block_k, num_warps=num_warps)
+    return _launch(x, weight, bias, block_n=block_n, block_k=block_k, num_warps=num_warps, prefetch=prefetch)
 
 
 def norm_gemv(
     x: torch.Tensor, norm_weight: torch.Tensor, eps: float, residual: torch.Tensor | None,
     weight: torch.Tensor, bias: torch.Tensor | None = None,
-    *, block_n: int = 8, block_k: int = 512, num_warps: int = 4,
+    *, block_n: int = 8, block_k: int = 512, num_warps: int = 4, prefetch: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """rms_norm then gemv in one kernel: (gemv(norm(x + residual) * norm_weight), x + residual);
     without a residual the second result is x itself (as in reference.rms_norm)."""
@@ -149,7 +179,7 @@ def norm_gemv(
     else:
         check_device(x=x, norm_weight=norm_weight)
     out = _launch(x, weight, bias, residual, norm_weight, summed, eps,
-                  block_n=block_n, block_k=block_k, num_warps=num_warps)
+                  block_n=block_n, block_k=block_k, num_warps=num_warps, prefetch=prefetch)
     if residual is not None and weight.shape[0] == 0:  # no program ran to store the sum
         summed.copy_(x + residual)
     return out, summed
@@ -171,22 +201,24 @@ def _one_row(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and weight.dtype == x.dtype and x.stride(-1) == 1 and weight.stride(-1) == 1)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear, through gemv when x is one contiguous bf16/fp16 row (batch-1 decode)."""
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           prefetch: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear, through gemv when x is one contiguous bf16/fp16 row (batch-1 decode); then
+    `prefetch` (the next projection's weight) is warmed into L2 at the kernel's end."""
     if _one_row(x, weight):
         bn, bk, warps = gemv_tiles(*weight.shape)
-        return gemv(x, weight, bias, block_n=bn, block_k=bk, num_warps=warps)
+        return gemv(x, weight, bias, block_n=bn, block_k=bk, num_warps=warps, prefetch=prefetch)
     return torch.nn.functional.linear(x, weight, bias)
 
 
 def norm_linear(
     x: torch.Tensor, norm_weight: torch.Tensor, eps: float, residual: torch.Tensor | None,
-    weight: torch.Tensor, bias: torch.Tensor | None = None,
+    weight: torch.Tensor, bias: torch.Tensor | None = None, prefetch: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """reference.norm_linear: one fused kernel for a batch-1 row, else rms_norm and F.linear."""
     if _one_row(x, weight) and (residual is None or residual.stride(-1) == 1):
         bn, bk, warps = gemv_tiles(*weight.shape)
         return norm_gemv(x, norm_weight, eps, residual, weight, bias,
-                         block_n=bn, block_k=bk, num_warps=warps)
+                         block_n=bn, block_k=bk, num_warps=warps, prefetch=prefetch)
     normed, summed = rms_norm(x, norm_weight, eps, residual)
     return torch.nn.functional.linear(normed, weight, bias), summed

@@ -27,14 +27,16 @@ def rms_norm(
     return (out * weight.float()).to(x.dtype), x
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ weight^T (+ bias): the model's every projection."""
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           prefetch: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weight^T (+ bias): the model's every projection. `prefetch` names the weight used
+    next (the Triton twin warms it into L2); nothing to do here."""
     return torch.nn.functional.linear(x, weight, bias)
 
 
 def norm_linear(
     x: torch.Tensor, norm_weight: torch.Tensor, eps: float, residual: torch.Tensor | None,
-    weight: torch.Tensor, bias: torch.Tensor | None = None,
+    weight: torch.Tensor, bias: torch.Tensor | None = None, prefetch: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """rms_norm then linear: (linear(norm(x + residual) * norm_weight), x + residual)."""
     normed, summed = rms_norm(x, norm_weight, eps, residual)

@@ -103,13 +103,17 @@ class LlamaModel:
         eps = self.spec.rms_norm_eps
         h = F.embedding(input_ids, self.w["embed"])
         residual: torch.Tensor | None = None
-        ops = self.ops
-        for l, lw in enumerate(self.layers):
-            # each norm runs inside the projection after it (one kernel at batch 1)
-            qkv, residual = ops.norm_linear(h, lw["in_norm"], eps, residual, lw["qkv"], lw.get("qkv_bias"))
+        ops, layers = self.ops, self.layers
+        for l, lw in enumerate(layers):
+            # each norm runs inside the projection after it (one kernel at batch 1), and each
+            # projection names the next one's weight (warmed into L2 at batch 1)
+            after = layers[l + 1]["qkv"] if l + 1 < len(layers) else self.w["lm_head"]
+            qkv, residual = ops.norm_linear(h, lw["in_norm"], eps, residual, lw["qkv"], lw.get("qkv_bias"),
+                                            prefetch=lw["o"])
             h = self._attention(l, lw, qkv, positions, meta, kv_pool, layer_hook)
-            gate_up, residual = ops.norm_linear(h, lw["post_norm"], eps, residual, lw["gate_up"])
-            h = ops.linear(ops.silu_and_mul(gate_up), lw["down"])
+            gate_up, residual = ops.norm_linear(h, lw["post_norm"], eps, residual, lw["gate_up"],
+                                                prefetch=lw["down"])
+            h = ops.linear(ops.silu_and_mul(gate_up), lw["down"], prefetch=after)
         if meta.logits_indices is not None:
             # Only the sampled tokens need the final norm and the (large) lm_head.
             h, residual = h[meta.logits_indices], residual[meta.logits_indices]  # type: ignore[index]
@@ -152,4 +156,4 @@ class LlamaModel:
                 q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
                 self.scale, *quant,
             )
-        return ops.linear(o.reshape(t, spec.num_heads * d), lw["o"], lw.get("o_bias"))
+        return ops.linear(o.reshape(t, spec.num_heads * d), lw["o"], lw.get("o_bias"), prefetch=lw["gate_up"])

@@ -102,3 +102,24 @@ def test_gemv_tiles_follow_the_shape() -> None:
     assert gemv_tiles(4096, 14336) == (16, 1024, 8)  # long rows (down)
     assert gemv_tiles(128256, 4096) == (16, 256, 4)  # many rows (gate_up, lm_head)
     assert gemv_tiles(6144, 4096) == (8, 512, 4)
+
+
+def test_prefetch_plan_covers_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next weight's first PREFETCH_BYTES, in 128-byte lines spread over the programs; none
+    for a missing, empty or strided tensor, or in the interpreter (PTX only)."""
+    import pdserve.kernels.gemv as mod
+
+    w = torch.zeros(4096, 4096, dtype=torch.bfloat16)  # 32 MiB
+    monkeypatch.setattr(mod, "interpreting", lambda: False)
+    flat, lines, per = mod._prefetch_plan(w, w.device, 768)
+    assert flat.dtype == torch.uint8 and flat.numel() == w.numel() * 2
+    assert lines == mod.PREFETCH_BYTES // 128 and per == 128 and per * 768 >= lines
+    small = torch.zeros(10, 10, dtype=torch.bfloat16)  # 200 bytes: 2 lines
+    assert mod._prefetch_plan(small, small.device, 768)[1:] == (2, 1)
+    for bad in (None, w.t(), torch.zeros(0)):
+        assert mod._prefetch_plan(bad, w.device, 768) == (None, 1, 0)
+    monkeypatch.setattr(mod, "PREFETCH_BYTES", 0)
+    assert mod._prefetch_plan(w, w.device, 768) == (None, 1, 0)
+    monkeypatch.setattr(mod, "interpreting", lambda: True)
+    monkeypatch.setattr(mod, "PREFETCH_BYTES", 8 << 20)
+    assert mod._prefetch_plan(w, w.device, 768) == (None, 1, 0)
