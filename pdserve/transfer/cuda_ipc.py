@@ -134,8 +134,11 @@ class CudaIpcKvReceiver(DirectWriteReceiver):
 class CudaIpcKvSender(TcpKvSender):
     """Prefill side: maps each decode worker's pool once, then copies GPU to GPU."""
 
-    def __init__(self, layout: KvLayout, **kw: Any) -> None:
+    def __init__(self, layout: KvLayout, *, attach_at_start: bool = True, **kw: Any) -> None:
+        """attach_at_start=False sends a request's attach with its first push instead of at
+        start() (an A/B knob of bench/transfer.py: which one costs the forward less)."""
         super().__init__(layout, **kw)
+        self._attach_at_start = attach_at_start
         self._mapped: dict[str, torch.Tensor] = {}
         self._links: dict[str, ControlLink] = {}  # one Control stream per decode worker
         self._copiers: dict[torch.device, CudaCopier] = {}  # one copy stream per device, shared
@@ -158,7 +161,8 @@ class CudaIpcKvSender(TcpKvSender):
         handle = _IpcSendHandle(target, kv_pool, self.layout, link, remote, copier, self._handshake_timeout)
         # Attach now, not at the first push: the answer comes back while the prompt is queued
         # or its first layers are enqueued, so fewer pushes are kept waiting for it (_on_answer).
-        handle._begin()
+        if self._attach_at_start:
+            handle._begin()
         return handle
 
     def _copier(self, device: torch.device) -> CudaCopier:
