@@ -296,10 +296,10 @@ def bench_backend(backend: str, layout: KvLayout, tokens: list[int], reps: int, 
 
 
 def bench_ttft(backend: str, model: dict, tokens: list[int], reps: int, device: torch.device,
-               late_attach: bool = False) -> dict:
+               early_attach: bool = False) -> dict:
     """Prefill time of one prompt alone vs with its KV pushed per layer and acknowledged.
-    late_attach (cuda_ipc): also, interleaved, a sender that attaches with the first push
-    instead of at start() (`ttft_ms_with_transfer_late_attach`, `added_ratio_late_attach`)."""
+    early_attach (cuda_ipc): also, interleaved, a sender that attaches at start() instead of
+    with the first push (`ttft_ms_with_transfer_early_attach`, `added_ratio_early_attach`)."""
     from pdserve.core.sampling import SamplingParams
     from pdserve.core.step_io import SeqSlice, StepInput
     from pdserve.model.spec import ModelSpec
@@ -313,7 +313,7 @@ def bench_ttft(backend: str, model: dict, tokens: list[int], reps: int, device: 
     layout = runner.layout
     peer = Peer(backend, layout, n_max, str(device))
     sender = make_sender(backend, layout)
-    late = make_sender(backend, layout, attach_at_start=False) if late_attach else None
+    early = make_sender(backend, layout, attach_at_start=True) if early_attach else None
     out: dict[str, Any] = {"model": spec.name or model.get("model_type"), "layout": layout.describe()}
     try:
         for n_tok in tokens:
@@ -336,25 +336,25 @@ def bench_ttft(backend: str, model: dict, tokens: list[int], reps: int, device: 
                 t = alone()
                 return t + one_transfer(sender, peer, runner.kv_pool, layout, n, f"seq-{n_tok}-{i}").sealed
 
-            base, xfer, acked, serial, lates = [], [], [], [], []
+            base, xfer, acked, serial, earlies = [], [], [], [], []
             for i in range(reps + 1):  # interleaved, the first of each is warmup
                 base.append(alone())
                 moved = with_transfer(i)
                 xfer.append(moved.sealed)
                 acked.append(moved.seconds)
                 serial.append(after_prefill(i))
-                if late is not None:
-                    lates.append(with_transfer(i, late, "late").sealed)
+                if early is not None:
+                    earlies.append(with_transfer(i, early, "early").sealed)
             b, x, a, y = (statistics.median(v[1:]) for v in (base, xfer, acked, serial))
             out[str(n_tok)] = {"ttft_ms_no_transfer": b * 1e3, "ttft_ms_with_transfer": x * 1e3,
                                "ttft_ms_transfer_after_prefill": y * 1e3,
                                "ttft_ms_with_transfer_to_ack": a * 1e3,
                                "added_ratio": (x - b) / b, "added_ratio_no_overlap": (y - b) / b,
                                "added_ratio_to_ack": (a - b) / b, "reps": reps}
-            if lates:
-                z = statistics.median(lates[1:])
-                out[str(n_tok)] |= {"ttft_ms_with_transfer_late_attach": z * 1e3, "added_ratio_late_attach": (z - b) / b}
-                print(f"{backend:8s} TTFT {n_tok:6d} tokens  attach with the first push: {z * 1e3:8.1f} ms"
+            if earlies:
+                z = statistics.median(earlies[1:])
+                out[str(n_tok)] |= {"ttft_ms_with_transfer_early_attach": z * 1e3, "added_ratio_early_attach": (z - b) / b}
+                print(f"{backend:8s} TTFT {n_tok:6d} tokens  attach at start(): {z * 1e3:8.1f} ms"
                       f" (+{(z - b) / b * 100:.1f} %)", flush=True)
             print(f"{backend:8s} TTFT {n_tok:6d} tokens  {b * 1e3:8.1f} ms alone  {x * 1e3:8.1f} ms with"
                   f" layer-wise transfer (+{(x - b) / b * 100:.1f} %)  {y * 1e3:8.1f} ms transfer after"
@@ -363,8 +363,8 @@ def bench_ttft(backend: str, model: dict, tokens: list[int], reps: int, device: 
         return out
     finally:
         sender.close()
-        if late is not None:
-            late.close()
+        if early is not None:
+            early.close()
         peer.close()
 
 
@@ -405,7 +405,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
                 fig = bench_backend(backend, lay, tokens, a.reps, device, res["copy_GBps"], res["copy_GBps_events"])
                 res["transfer"].setdefault(backend, dict(fig))[lay.model] = fig
             res["ttft"][backend] = bench_ttft(backend, model, ttft_tokens, a.reps, device,
-                                              late_attach=a.late_attach and backend == "cuda_ipc")
+                                              early_attach=a.early_attach and backend == "cuda_ipc")
         except (TransferError, RuntimeError, ValueError) as err:  # e.g. nccl on one GPU
             res["transfer"].setdefault(backend, {})["error"] = f"{type(err).__name__}: {err}"
             print(f"{backend}: {err}", flush=True)
@@ -442,8 +442,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--ttft-tokens", default="", help="prompt lengths of the TTFT runs")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--tiny", action="store_true", help="a tiny layout and model (tests)")
-    p.add_argument("--late-attach", action="store_true",
-                   help="cuda_ipc TTFT: also a sender that attaches with its first push (A/B)")
+    p.add_argument("--early-attach", action="store_true",
+                   help="cuda_ipc TTFT: also a sender that attaches at start() (A/B)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--role", default="sender", choices=["sender", "receiver"], help=argparse.SUPPRESS)
     p.add_argument("--layout", default="", help=argparse.SUPPRESS)

@@ -129,7 +129,10 @@ def _launch(
     return out
 
 
-PREFETCH_BYTES = 8 << 20  # ~2 us of HBM reads at 4 TB/s: what a gemv kernel's ramp-up costs
+# ~1 us of HBM reads at 4 TB/s, about a gemv kernel's ramp-up: 4 MiB beat 8 and 16 on an H200
+# (batch-1 step 4.670 ms vs 4.706 without on Llama-3.1-8B, 4.548 vs 4.697 on Qwen2.5-7B;
+# bench/results/branches-h200-2026-12-04-s9.log)
+PREFETCH_BYTES = 4 << 20
 
 
 def _prefetch_plan(prefetch: torch.Tensor | None, device: torch.device, grid: int

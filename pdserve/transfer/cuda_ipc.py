@@ -134,9 +134,11 @@ class CudaIpcKvReceiver(DirectWriteReceiver):
 class CudaIpcKvSender(TcpKvSender):
     """Prefill side: maps each decode worker's pool once, then copies GPU to GPU."""
 
-    def __init__(self, layout: KvLayout, *, attach_at_start: bool = True, **kw: Any) -> None:
-        """attach_at_start=False sends a request's attach with its first push instead of at
-        start() (an A/B knob of bench/transfer.py: which one costs the forward less)."""
+    def __init__(self, layout: KvLayout, *, attach_at_start: bool = False, **kw: Any) -> None:
+        """A request's attach goes out with its first push; attach_at_start=True sends it at
+        start() instead, which cost a 2k-token prefill 3.8 % of TTFT against 0.3 % on an H200
+        (the answer's handling runs during the forward; bench/transfer.py --early-attach,
+        bench/results/branches-h200-2026-12-04-s9.log)."""
         super().__init__(layout, **kw)
         self._attach_at_start = attach_at_start
         self._mapped: dict[str, torch.Tensor] = {}
@@ -159,9 +161,7 @@ class CudaIpcKvSender(TcpKvSender):
         copier = self._copier(kv_pool.device)
         copier.prepare(kv_pool, remote)
         handle = _IpcSendHandle(target, kv_pool, self.layout, link, remote, copier, self._handshake_timeout)
-        # Attach now, not at the first push: the answer comes back while the prompt is queued
-        # or its first layers are enqueued, so fewer pushes are kept waiting for it (_on_answer).
-        if self._attach_at_start:
+        if self._attach_at_start:  # else the first push sends it
             handle._begin()
         return handle
 
