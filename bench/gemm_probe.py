@@ -56,7 +56,6 @@ def main() -> None:
                 total[key] = total.get(key, 0.0) + ms * (spec.num_layers if name != "lm_head" else 1)
                 print(f"{name:8s} M={m} N={n} K={k} {key}: {ms * 1e3:7.1f} us "
                       f"{tflops(m, n, k, ms):5.0f} TFLOP/s", flush=True)
-        del w, wt, x
     for key, ms in total.items():
         print(f"per step (all layers + head) {key}: {ms:.3f} ms")
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = True
