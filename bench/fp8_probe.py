@@ -142,9 +142,10 @@ def probe(q, kc, vc, ks, vs, tables, lens, scale, *, kt=False, qk8=False, noscal
     return out
 
 
-def main(quick: bool = False, sweep: bool = False) -> None:
+def main(quick: bool = False, sweep: bool = False, regs: bool = False) -> None:
     """quick: only the real kernel, over bf16 and fp8 pools, with each tiles= choice;
-    sweep: also the real kernel's tile, warps and stages."""
+    sweep: also the real kernel's tile, warps and stages; regs: only the fp8 real kernel with
+    register caps (and the bf16/fp8 baselines)."""
     spec = ModelSpec.from_config_dict({
         "model_type": "llama", "hidden_size": HQ * D, "intermediate_size": 256, "num_hidden_layers": 1,
         "num_attention_heads": HQ, "num_key_value_heads": HK, "vocab_size": 256})
@@ -173,6 +174,19 @@ def main(quick: bool = False, sweep: bool = False) -> None:
         ms = do_bench(lambda: decode_with_partitions(q, views.k, views.v, tables, lens, scale, ctx, views.k_scale,
                                                      views.v_scale), warmup=25, rep=200, return_mode="median")
         print(f"{seqs}x{ctx} fp8 real kernel: {ms:.3f} ms {nbytes / ms / 1e6:.0f} GB/s", flush=True)
+        if regs:  # occupancy: 138 registers and 42.5 KB of shared memory let 3 programs share an SM
+            for bn, stages, nreg in ((128, 3, None), (128, 3, 128), (128, 2, None), (128, 2, 128),
+                                     (64, 2, 128), (64, 3, 128), (128, 2, 96), (64, 2, 96), (128, 3, None)):
+                ms = do_bench(lambda: decode_with_partitions(q, views.k, views.v, tables, lens, scale, ctx,  # noqa: B023
+                                                             views.k_scale, views.v_scale, block_n=bn,  # noqa: B023
+                                                             num_stages=stages, max_registers=nreg),  # noqa: B023
+                              warmup=25, rep=200, return_mode="median")
+                err = (decode_with_partitions(q, views.k, views.v, tables, lens, scale, ctx, views.k_scale,
+                                              views.v_scale, block_n=bn, num_stages=stages, max_registers=nreg)
+                       .float() - ref.float()).abs().max().item()
+                print(f"{seqs}x{ctx} fp8 real kernel block_n={bn} stages={stages} maxnreg={nreg}: {ms:.3f} ms "
+                      f"{nbytes / ms / 1e6:.0f} GB/s err {err:.1e}", flush=True)
+            continue
         for dt, args, mb in (("bf16", (bf_pool[0], bf_pool[1]), bf_bytes), ("fp8", (views.k, views.v), nbytes)):
             sc = (views.k_scale, views.v_scale) if dt == "fp8" else (None, None)
             for tiles in ("masked", "tail", "soft") if dt == "fp8" else ("masked", "tail"):
@@ -222,4 +236,5 @@ def main(quick: bool = False, sweep: bool = False) -> None:
 if __name__ == "__main__":
     import sys
 
-    main(quick="--quick" in sys.argv or "--sweep" in sys.argv, sweep="--sweep" in sys.argv)
+    main(quick="--quick" in sys.argv or "--sweep" in sys.argv, sweep="--sweep" in sys.argv,
+         regs="--regs" in sys.argv)

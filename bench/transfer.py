@@ -337,15 +337,20 @@ def bench_ttft(backend: str, model: dict, tokens: list[int], reps: int, device: 
                 return t + one_transfer(sender, peer, runner.kv_pool, layout, n, f"seq-{n_tok}-{i}").sealed
 
             base, xfer, acked, serial, earlies = [], [], [], [], []
-            for i in range(reps + 1):  # interleaved, the first of each is warmup
-                base.append(alone())
-                moved = with_transfer(i)
-                xfer.append(moved.sealed)
-                acked.append(moved.seconds)
-                serial.append(after_prefill(i))
-                if early is not None:
-                    m = with_transfer(i, early, "early")
-                    earlies.append((m.sealed, m.seconds))
+
+            def run_with(i: int, via: Any, tag: str, into: list) -> None:
+                m = with_transfer(i, via, tag)
+                into.append((m.sealed, m.seconds))
+
+            moved: list[tuple[float, float]] = []
+            runs = [lambda i: base.append(alone()), lambda i: run_with(i, sender, "ttft", moved),
+                    lambda i: serial.append(after_prefill(i))]
+            if early is not None:
+                runs.append(lambda i: run_with(i, early, "early", earlies))
+            for i in range(reps + 1):  # interleaved, the first of each is warmup; the order
+                for j in range(len(runs)):  # rotates each rep (a run's place moved its time by
+                    runs[(i + j) % len(runs)](i)  # ~3 % of a 2k TTFT: transfer-...-s9b.json)
+            xfer, acked = [m[0] for m in moved], [m[1] for m in moved]
             b, x, a, y = (statistics.median(v[1:]) for v in (base, xfer, acked, serial))
             out[str(n_tok)] = {"ttft_ms_no_transfer": b * 1e3, "ttft_ms_with_transfer": x * 1e3,
                                "ttft_ms_transfer_after_prefill": y * 1e3,

@@ -188,6 +188,7 @@ def decode_with_partitions(
     num_stages: int | None = None,
     tiles: str | None = None,
     heads_first: bool = True,
+    max_registers: int | None = None,
 ) -> torch.Tensor:
     """paged_decode_attention with an explicit split-K partition size (power of two >= 16):
     the partition count is the table's token width over it, and each sequence spreads over
@@ -198,7 +199,8 @@ def decode_with_partitions(
     bf16/fp16/fp32 caches) or "soft" (quantized caches only, the default there: no load
     masks at all, scores masked; see attend_tile). heads_first: the grid runs a sequence's KV
     heads next to each other (its pages are read together; bf16 0.8 % faster at 256 x 4k on an
-    H200, fp8 even, bench/results/fp8-probe-h200-2026-12-04-s9.log), else sequences first."""
+    H200, fp8 even, bench/results/fp8-probe-h200-2026-12-04-s9.log), else sequences first.
+    max_registers caps the registers per thread (ptxas -maxnreg; more programs fit an SM)."""
     quant = check_scales(k_cache, k_scale, v_scale)
     group, d = check_attention_inputs(q, k_cache, v_cache, block_tables, quant)
     tiles = tiles or ("soft" if quant else "tail")
@@ -244,6 +246,7 @@ def decode_with_partitions(
         PRECISION=dot_precision(q.dtype), DOT_F32=interpreting(), QUANT=quant,
         EVEN_D=d_pad == d, TILES=_TILES[tiles], HEADS_FIRST=heads_first,
         num_warps=num_warps, num_stages=num_stages,
+        **({"maxnreg": max_registers} if max_registers and not interpreting() else {}),
     )
     if split:
         _merge_kernel[(b, hq)](
