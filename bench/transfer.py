@@ -296,10 +296,10 @@ def bench_backend(backend: str, layout: KvLayout, tokens: list[int], reps: int, 
 
 
 def bench_ttft(backend: str, model: dict, tokens: list[int], reps: int, device: torch.device,
-               early_attach: bool = False) -> dict:
+               late_attach: bool = False) -> dict:
     """Prefill time of one prompt alone vs with its KV pushed per layer and acknowledged.
-    early_attach (cuda_ipc): also, interleaved, a sender that attaches at start() instead of
-    with the first push (`ttft_ms_with_transfer_early_attach`, `added_ratio_early_attach`)."""
+    late_attach (cuda_ipc): also, interleaved, a sender that attaches with its first push
+    instead of at start() (`ttft_ms_with_transfer_late_attach`, `added_ratio_late_attach`)."""
     from pdserve.core.sampling import SamplingParams
     from pdserve.core.step_io import SeqSlice, StepInput
     from pdserve.model.spec import ModelSpec
@@ -313,7 +313,7 @@ def bench_ttft(backend: str, model: dict, tokens: list[int], reps: int, device: 
     layout = runner.layout
     peer = Peer(backend, layout, n_max, str(device))
     sender = make_sender(backend, layout)
-    early = make_sender(backend, layout, attach_at_start=True) if early_attach else None
+    late = make_sender(backend, layout, attach_at_start=False) if late_attach else None
     out: dict[str, Any] = {"model": spec.name or model.get("model_type"), "layout": layout.describe()}
     try:
         for n_tok in tokens:
@@ -336,7 +336,7 @@ def bench_ttft(backend: str, model: dict, tokens: list[int], reps: int, device: 
                 t = alone()
                 return t + one_transfer(sender, peer, runner.kv_pool, layout, n, f"seq-{n_tok}-{i}").sealed
 
-            base, xfer, acked, serial, earlies = [], [], [], [], []
+            base, xfer, acked, serial, lates = [], [], [], [], []
 
             def run_with(i: int, via: Any, tag: str, into: list) -> None:
                 m = with_transfer(i, via, tag)
@@ -345,8 +345,8 @@ def bench_ttft(backend: str, model: dict, tokens: list[int], reps: int, device: 
             moved: list[tuple[float, float]] = []
             runs = [lambda i: base.append(alone()), lambda i: run_with(i, sender, "ttft", moved),
                     lambda i: serial.append(after_prefill(i))]
-            if early is not None:
-                runs.append(lambda i: run_with(i, early, "early", earlies))
+            if late is not None:
+                runs.append(lambda i: run_with(i, late, "late", lates))
             for i in range(reps + 1):  # interleaved, the first of each is warmup; the order
                 for j in range(len(runs)):  # rotates each rep (a run's place moved its time by
                     runs[(i + j) % len(runs)](i)  # ~3 % of a 2k TTFT: transfer-...-s9b.json)
@@ -357,12 +357,12 @@ def bench_ttft(backend: str, model: dict, tokens: list[int], reps: int, device: 
                                "ttft_ms_with_transfer_to_ack": a * 1e3,
                                "added_ratio": (x - b) / b, "added_ratio_no_overlap": (y - b) / b,
                                "added_ratio_to_ack": (a - b) / b, "reps": reps}
-            if earlies:
-                z = statistics.median(e[0] for e in earlies[1:])
-                za = statistics.median(e[1] for e in earlies[1:])
-                out[str(n_tok)] |= {"ttft_ms_with_transfer_early_attach": z * 1e3, "added_ratio_early_attach": (z - b) / b,
-                                    "ttft_ms_with_transfer_to_ack_early_attach": za * 1e3}
-                print(f"{backend:8s} TTFT {n_tok:6d} tokens  attach at start(): to the ack {za * 1e3:8.1f} ms,"
+            if lates:
+                z = statistics.median(e[0] for e in lates[1:])
+                za = statistics.median(e[1] for e in lates[1:])
+                out[str(n_tok)] |= {"ttft_ms_with_transfer_late_attach": z * 1e3, "added_ratio_late_attach": (z - b) / b,
+                                    "ttft_ms_with_transfer_to_ack_late_attach": za * 1e3}
+                print(f"{backend:8s} TTFT {n_tok:6d} tokens  attach with the first push: to the ack {za * 1e3:8.1f} ms,"
                       f" {z * 1e3:8.1f} ms"
                       f" (+{(z - b) / b * 100:.1f} %)", flush=True)
             print(f"{backend:8s} TTFT {n_tok:6d} tokens  {b * 1e3:8.1f} ms alone  {x * 1e3:8.1f} ms with"
@@ -372,8 +372,8 @@ def bench_ttft(backend: str, model: dict, tokens: list[int], reps: int, device: 
         return out
     finally:
         sender.close()
-        if early is not None:
-            early.close()
+        if late is not None:
+            late.close()
         peer.close()
 
 
@@ -414,7 +414,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
                 fig = bench_backend(backend, lay, tokens, a.reps, device, res["copy_GBps"], res["copy_GBps_events"])
                 res["transfer"].setdefault(backend, dict(fig))[lay.model] = fig
             res["ttft"][backend] = bench_ttft(backend, model, ttft_tokens, a.reps, device,
-                                              early_attach=a.early_attach and backend == "cuda_ipc")
+                                              late_attach=a.late_attach and backend == "cuda_ipc")
         except (TransferError, RuntimeError, ValueError) as err:  # e.g. nccl on one GPU
             res["transfer"].setdefault(backend, {})["error"] = f"{type(err).__name__}: {err}"
             print(f"{backend}: {err}", flush=True)
@@ -451,8 +451,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--ttft-tokens", default="", help="prompt lengths of the TTFT runs")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--tiny", action="store_true", help="a tiny layout and model (tests)")
-    p.add_argument("--early-attach", action="store_true",
-                   help="cuda_ipc TTFT: also a sender that attaches at start() (A/B)")
+    p.add_argument("--late-attach", action="store_true",
+                   help="cuda_ipc TTFT: also a sender that attaches with its first push (A/B)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--role", default="sender", choices=["sender", "receiver"], help=argparse.SUPPRESS)
     p.add_argument("--layout", default="", help=argparse.SUPPRESS)

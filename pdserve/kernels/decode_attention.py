@@ -204,8 +204,11 @@ def decode_with_partitions(
     quant = check_scales(k_cache, k_scale, v_scale)
     group, d = check_attention_inputs(q, k_cache, v_cache, block_tables, quant)
     tiles = tiles or ("soft" if quant else "tail")
-    if num_stages is None:  # 3 over quantized caches: fp8 2-3 % faster at 64/256 x 4k (fp8-probe-h200-2026-12-03-s7d.log)
-        num_stages = 3 if quant else 2
+    if num_stages is None:
+        num_stages = 2
+    if max_registers is None and quant:  # 138 -> 128 registers: 4 programs per SM instead of 3;
+        max_registers = 128  # fp8 at 256 / 64 x 4k 0.756 / 0.209 ms vs 0.818 / 0.246 uncapped,
+        # stages 2 (3 was best uncapped) (bench/results/fp8-probe-h200-2026-12-04-s9.log)
     assert tiles in _TILES, f"tiles {tiles!r} must be one of {sorted(_TILES)}"
     assert quant or tiles != "soft", "tiles='soft' needs a quantized cache (finite whatever its bytes)"
     if block_n is None:

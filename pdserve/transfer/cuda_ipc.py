@@ -134,11 +134,12 @@ class CudaIpcKvReceiver(DirectWriteReceiver):
 class CudaIpcKvSender(TcpKvSender):
     """Prefill side: maps each decode worker's pool once, then copies GPU to GPU."""
 
-    def __init__(self, layout: KvLayout, *, attach_at_start: bool = False, **kw: Any) -> None:
-        """A request's attach goes out with its first push; attach_at_start=True sends it at
-        start() instead, which cost a 2k-token prefill 3.8 % of TTFT against 0.3 % on an H200
-        (the answer's handling runs during the forward; bench/transfer.py --early-attach,
-        bench/results/branches-h200-2026-12-04-s9.log)."""
+    def __init__(self, layout: KvLayout, *, attach_at_start: bool = True, **kw: Any) -> None:
+        """A request's attach goes out at start(): its answer comes back while the prompt is
+        queued or its first layers are enqueued, so fewer pushes wait for it (_on_answer).
+        attach_at_start=False sends it with the first push instead: on an H200 that added 2.1 %
+        to a 2k-token TTFT against 1.1 % (8k: 0.4 against 0.1 %; runs in rotating order,
+        bench/transfer.py --late-attach, bench/results/transfer-h200-2026-12-04-s9c.json)."""
         super().__init__(layout, **kw)
         self._attach_at_start = attach_at_start
         self._mapped: dict[str, torch.Tensor] = {}
@@ -161,7 +162,7 @@ class CudaIpcKvSender(TcpKvSender):
         copier = self._copier(kv_pool.device)
         copier.prepare(kv_pool, remote)
         handle = _IpcSendHandle(target, kv_pool, self.layout, link, remote, copier, self._handshake_timeout)
-        if self._attach_at_start:  # else the first push sends it
+        if self._attach_at_start:  # else the first push sends it (_begin is idempotent)
             handle._begin()
         return handle
 
