@@ -6,8 +6,9 @@ One runner (random weights of the model's shape, the table width of a 4k model l
 bench/engine.py); each variant patches the op namespace, captures the decode graphs again and
 times `--iters` steps; variants take turns over `--rounds` rounds, so drift of the machine hits
 them alike. Variants: the RMSNorm fused into the gemv after it and the rotary embedding fused
-with the KV write (rotary_write_kv), or separate kernels; and the start of the next projection's
-weight warmed into L2 at the end of each gemv (4, 8 or 16 MiB), or not.
+with the KV write (rotary_write_kv), or separate kernels; the SiLU-and-mul inside the gate_up
+gemv (norm_glu) or its own kernel. (The L2 warm-up at 4/8/16 MiB against none:
+bench/results/ab-decode-l2-prefetch-h200-2026-12-04-s9.json, from next/l2-prefetch d1c5806.)
 (bench/results/ab-decode-h200-2026-12-03-s8.json came from commit 98a4f89, whose variants also
 fused the SiLU-and-mul into the down projection and launched the gemv with programmatic
 dependent launch; -s8d.json from 97f26f8, where the PDL gemv also read its first weight tile
@@ -28,6 +29,7 @@ import pdserve.kernels.triton_ops as ops
 from pdserve.kernels.rms_norm import rms_norm
 from pdserve.kernels.rotary import rotary
 from pdserve.kernels.rotary_write_kv import rotary_write_kv
+from pdserve.kernels.silu_and_mul import silu_and_mul
 from pdserve.kernels.write_kv import write_kv
 from pdserve.model.spec import ModelSpec
 from pdserve.runtime.cuda_graph import DecodeGraphs
@@ -47,14 +49,21 @@ def unfused_rotary_write_kv(q, k, v, positions, cos_sin, k_cache, v_cache, slot_
     return q
 
 
-VARIANTS = {  # name: (norm fused, rotary+KV write fused, bytes of the next weight warmed into L2)
-    "prefetch_8m": (True, True, 8 << 20), "prefetch_4m": (True, True, 4 << 20), "prefetch_16m": (True, True, 16 << 20),
-    "fused": (True, True, 0), "separate": (False, False, 0),
+def unfused_norm_glu(x, norm_weight, eps, residual, weight, bias=None, prefetch=None):
+    out, summed = ops.norm_linear(x, norm_weight, eps, residual, weight, bias, prefetch=prefetch)
+    return silu_and_mul(out), summed
+
+
+VARIANTS = {  # name: (norm fused, rotary+KV write fused, bytes of the next weight warmed into L2,
+    #                SiLU-and-mul fused into the gate_up gemv)
+    "glu": (True, True, 4 << 20, True), "no_glu": (True, True, 4 << 20, False),
+    "separate": (False, False, 0, False),
 }
 
 
-def apply(norm_fused: bool, rotary_fused: bool, prefetch_bytes: int) -> None:
+def apply(norm_fused: bool, rotary_fused: bool, prefetch_bytes: int, glu_fused: bool) -> None:
     ops.norm_linear = gemv.norm_linear if norm_fused else unfused_norm_linear
+    ops.norm_glu = gemv.norm_glu if glu_fused else unfused_norm_glu
     ops.rotary_write_kv = rotary_write_kv if rotary_fused else unfused_rotary_write_kv
     gemv.PREFETCH_BYTES = prefetch_bytes
 

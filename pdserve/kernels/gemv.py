@@ -29,6 +29,7 @@ import triton.language as tl
 from pdserve.kernels._common import FLOAT_DTYPES, check_device, check_dim, check_dtype
 from pdserve.kernels._common import check_last_contiguous, interpreting, next_pow2
 from pdserve.kernels.rms_norm import rms_norm
+from pdserve.kernels.silu_and_mul import silu_and_mul
 
 
 @triton.jit
@@ -50,11 +51,17 @@ def _prefetch_l2(ptrs):
 def _gemv_kernel(
     x_ptr, r_ptr, g_ptr, sum_ptr, w_ptr, b_ptr, out_ptr, pf_ptr, n_out, k_in, stride_w, eps, pf_lines,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-    NORM: tl.constexpr, HAS_RES: tl.constexpr, PF_LINES: tl.constexpr,
+    NORM: tl.constexpr, HAS_RES: tl.constexpr, PF_LINES: tl.constexpr, GLU: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = n < n_out
+    if GLU:  # BLOCK_N / 2 gate rows and the matching up rows (n_out + those): silu(g) * u
+        j = tl.arange(0, BLOCK_N)
+        o = pid * (BLOCK_N // 2) + j % (BLOCK_N // 2)
+        nmask = o < n_out
+        n = o + (j // (BLOCK_N // 2)) * n_out
+    else:
+        n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+        nmask = n < n_out
     rows = w_ptr + n.to(tl.int64)[:, None] * stride_w
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     ss = tl.zeros([BLOCK_K], tl.float32)  # NORM: the row's sum of squares, in the same pass
@@ -79,7 +86,13 @@ def _gemv_kernel(
         y *= tl.rsqrt(tl.sum(ss, 0) / k_in + eps)
     if HAS_BIAS:
         y += tl.load(b_ptr + n, mask=nmask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + n, y.to(out_ptr.dtype.element_ty), mask=nmask)
+    if GLU:
+        gate, up = tl.split(tl.trans(tl.reshape(y, [2, BLOCK_N // 2])))
+        o = pid * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        act = gate / (1.0 + tl.exp(-gate)) * up
+        tl.store(out_ptr + o, act.to(out_ptr.dtype.element_ty), mask=o < n_out)
+    else:
+        tl.store(out_ptr + n, y.to(out_ptr.dtype.element_ty), mask=nmask)
     if PF_LINES > 0:  # warm L2 with the start of the next projection's weights: its ramp
         line = tl.minimum(pid * PF_LINES + tl.arange(0, PF_LINES), pf_lines - 1)
         _prefetch_l2(pf_ptr + line.to(tl.int64) * 128)
@@ -96,10 +109,11 @@ def _launch(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
     summed: torch.Tensor | None = None, eps: float = 0.0, *, block_n: int, block_k: int, num_warps: int,
-    prefetch: torch.Tensor | None = None,
+    prefetch: torch.Tensor | None = None, glu: bool = False,
 ) -> torch.Tensor:
     """Check the weight and knobs, and run the kernel over the row x (normed with norm_weight);
-    at its end the programs ask L2 for the first PREFETCH_BYTES of `prefetch` (CUDA only)."""
+    at its end the programs ask L2 for the first PREFETCH_BYTES of `prefetch` (CUDA only).
+    glu: the weight is [gate; up] (2I rows) and the result silu(gate) * up [1, I]."""
     check_dim("weight", weight, 2)
     check_last_contiguous("weight", weight)
     assert weight.dtype == x.dtype, f"weight dtype {weight.dtype} != x dtype {x.dtype}"
@@ -113,17 +127,21 @@ def _launch(
         check_device(x=x, weight=weight)
     for name, v in (("block_n", block_n), ("block_k", block_k)):
         assert v >= 1 and v & (v - 1) == 0, f"{name} {v} must be a power of two"
-    out = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    if glu:
+        assert n % 2 == 0, f"a gate/up weight has an even row count, got {n}"
+        assert block_n >= 2, f"glu needs block_n >= 2 (a gate and an up row), got {block_n}"
+    n_out = n // 2 if glu else n
+    out = torch.empty((1, n_out), dtype=x.dtype, device=x.device)
     if n == 0:
         return out
-    grid = triton.cdiv(n, block_n)
+    grid = triton.cdiv(n_out, block_n // 2 if glu else block_n)
     pf, pf_lines, per_program = _prefetch_plan(prefetch, x.device, grid)
     _gemv_kernel[(grid,)](
         x, residual if residual is not None else x, norm_weight if norm_weight is not None else x,
         summed if summed is not None else x, weight, bias if bias is not None else weight, out,
-        pf if pf is not None else out, n, k, weight.stride(0), float(eps), pf_lines,
+        pf if pf is not None else out, n_out, k, weight.stride(0), float(eps), pf_lines,
         BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=k % block_k == 0, HAS_BIAS=bias is not None,
-        NORM=norm_weight is not None, HAS_RES=residual is not None, PF_LINES=per_program,
+        NORM=norm_weight is not None, HAS_RES=residual is not None, PF_LINES=per_program, GLU=glu,
         num_warps=num_warps,
     )
     return out
@@ -163,9 +181,11 @@ def norm_gemv(
     x: torch.Tensor, norm_weight: torch.Tensor, eps: float, residual: torch.Tensor | None,
     weight: torch.Tensor, bias: torch.Tensor | None = None,
     *, block_n: int = 8, block_k: int = 512, num_warps: int = 4, prefetch: torch.Tensor | None = None,
+    glu: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """rms_norm then gemv in one kernel: (gemv(norm(x + residual) * norm_weight), x + residual);
-    without a residual the second result is x itself (as in reference.rms_norm)."""
+    without a residual the second result is x itself (as in reference.rms_norm). glu: the
+    weight is [gate; up] and the first result silu(gate) * up (reference.norm_glu)."""
     _check_row(x)
     k = x.shape[1]
     check_dim("norm_weight", norm_weight, 1)
@@ -182,7 +202,7 @@ def norm_gemv(
     else:
         check_device(x=x, norm_weight=norm_weight)
     out = _launch(x, weight, bias, residual, norm_weight, summed, eps,
-                  block_n=block_n, block_k=block_k, num_warps=num_warps, prefetch=prefetch)
+                  block_n=block_n, block_k=block_k, num_warps=num_warps, prefetch=prefetch, glu=glu)
     if residual is not None and weight.shape[0] == 0:  # no program ran to store the sum
         summed.copy_(x + residual)
     return out, summed
@@ -225,3 +245,17 @@ def norm_linear(
                          block_n=bn, block_k=bk, num_warps=warps, prefetch=prefetch)
     normed, summed = rms_norm(x, norm_weight, eps, residual)
     return torch.nn.functional.linear(normed, weight, bias), summed
+
+
+def norm_glu(
+    x: torch.Tensor, norm_weight: torch.Tensor, eps: float, residual: torch.Tensor | None,
+    weight: torch.Tensor, bias: torch.Tensor | None = None, prefetch: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """reference.norm_glu: one fused kernel for a batch-1 row (norm, gate/up gemv, SiLU-and-mul:
+    the [1, 2I] gate_up row is never written), else rms_norm, F.linear and silu_and_mul."""
+    if _one_row(x, weight) and (residual is None or residual.stride(-1) == 1):
+        bn, bk, warps = gemv_tiles(*weight.shape)
+        return norm_gemv(x, norm_weight, eps, residual, weight, bias, block_n=max(bn, 2),
+                         block_k=bk, num_warps=warps, prefetch=prefetch, glu=True)
+    out, summed = norm_linear(x, norm_weight, eps, residual, weight, bias)
+    return silu_and_mul(out), summed

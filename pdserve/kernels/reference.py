@@ -43,6 +43,15 @@ def norm_linear(
     return linear(normed, weight, bias), summed
 
 
+def norm_glu(
+    x: torch.Tensor, norm_weight: torch.Tensor, eps: float, residual: torch.Tensor | None,
+    weight: torch.Tensor, bias: torch.Tensor | None = None, prefetch: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """norm_linear over a [gate; up] weight, then silu_and_mul: (silu(g) * u, x + residual)."""
+    out, summed = norm_linear(x, norm_weight, eps, residual, weight, bias)
+    return silu_and_mul(out), summed
+
+
 def rope_cos_sin(
     head_dim: int,
     max_position: int,

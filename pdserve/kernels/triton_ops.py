@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pdserve.kernels.copy_blocks import copy_blocks
 from pdserve.kernels.decode_attention import paged_decode_attention
-from pdserve.kernels.gemv import linear, norm_linear
+from pdserve.kernels.gemv import linear, norm_glu, norm_linear
 from pdserve.kernels.prefill_attention import paged_prefill_attention
 from pdserve.kernels.reference import gather_kv, rope_cos_sin
 from pdserve.kernels.rms_norm import rms_norm
@@ -23,6 +23,7 @@ __all__ = [
     "copy_blocks",
     "gather_kv",
     "linear",
+    "norm_glu",
     "norm_linear",
     "paged_decode_attention",
     "paged_prefill_attention",

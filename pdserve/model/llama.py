@@ -111,9 +111,8 @@ class LlamaModel:
             qkv, residual = ops.norm_linear(h, lw["in_norm"], eps, residual, lw["qkv"], lw.get("qkv_bias"),
                                             prefetch=lw["o"])
             h = self._attention(l, lw, qkv, positions, meta, kv_pool, layer_hook)
-            gate_up, residual = ops.norm_linear(h, lw["post_norm"], eps, residual, lw["gate_up"],
-                                                prefetch=lw["down"])
-            h = ops.linear(ops.silu_and_mul(gate_up), lw["down"], prefetch=after)
+            act, residual = ops.norm_glu(h, lw["post_norm"], eps, residual, lw["gate_up"], prefetch=lw["down"])
+            h = ops.linear(act, lw["down"], prefetch=after)
         if meta.logits_indices is not None:
             # Only the sampled tokens need the final norm and the (large) lm_head.
             h, residual = h[meta.logits_indices], residual[meta.logits_indices]  # type: ignore[index]

@@ -80,10 +80,12 @@ def elementwise(dt: str) -> None:
     compile_kernel(_rotary_kernel, ptrs, {"HALF": 32, "BLOCK_HQ": 32, "BLOCK_HK": 8, "BLOCK_D": 128})
     gemv_ptrs = {p: f"*{dt}" for p in ("x_ptr", "r_ptr", "g_ptr", "sum_ptr", "w_ptr", "b_ptr", "out_ptr")}
     gemv_ptrs["pf_ptr"] = "*u8"
-    for even_k, bias, norm, res, pf in ((True, False, False, False, 128), (False, True, False, False, 0),
-                                        (True, False, True, True, 64), (False, True, True, False, 0)):
-        compile_kernel(_gemv_kernel, gemv_ptrs, {"BLOCK_N": 8, "BLOCK_K": 512, "EVEN_K": even_k,
-                                                 "HAS_BIAS": bias, "NORM": norm, "HAS_RES": res, "PF_LINES": pf})
+    for even_k, bias, norm, res, pf, glu in ((True, False, False, False, 128, False), (False, True, False, False, 0, False),
+                                             (True, False, True, True, 64, False), (False, True, True, False, 0, False),
+                                             (True, False, True, True, 64, True)):
+        compile_kernel(_gemv_kernel, gemv_ptrs, {"BLOCK_N": 16 if glu else 8, "BLOCK_K": 512, "EVEN_K": even_k,
+                                                 "HAS_BIAS": bias, "NORM": norm, "HAS_RES": res, "PF_LINES": pf,
+                                                 "GLU": glu})
     compile_kernel(_copy_blocks_kernel, {p: "*i32" for p in ("src_ptr", "dst_ptr", "src_ids_ptr", "dst_ids_ptr")},
                    {"BLOCK": 2048})
     for cache_dt, qmax, is_int in ((dt, 1.0, False), ("fp8e4nv", 448.0, False), ("i8", 127.0, True)):

@@ -11,7 +11,7 @@ pytest.importorskip("triton")
 from kernel_helpers import DEVICE, DTYPES, assert_close  # noqa: E402
 
 from pdserve.kernels import reference  # noqa: E402
-from pdserve.kernels.gemv import gemv, gemv_tiles, linear, norm_gemv, norm_linear  # noqa: E402
+from pdserve.kernels.gemv import gemv, gemv_tiles, linear, norm_gemv, norm_glu, norm_linear  # noqa: E402
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -29,6 +29,14 @@ def test_gemv_matches_reference(dtype, n: int, k: int, block_n: int, block_k: in
 SHAPES = [(40, 64, 8, 32), (37, 100, 8, 32), (5, 48, 16, 64)]
 
 
+def _unrounded_norm(summed: torch.Tensor, g: torch.Tensor, eps: float) -> torch.Tensor:
+    """What a fused kernel dots with: its own residual sum (checked against the reference on
+    its own; the interpreter rounds bf16 toward zero, torch to nearest) normed in fp32 (the
+    separate norm rounds it to bf16). Comparing with the rounded reference row put bf16
+    results past the tolerance about once in ten seeds."""
+    return reference.rms_norm(summed.float(), g.float(), eps, None)[0]
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("n", "k", "block_n", "block_k"), SHAPES)
 @pytest.mark.parametrize("residual", [False, True])
@@ -41,11 +49,51 @@ def test_norm_gemv_matches_norm_then_linear(dtype, n: int, k: int, block_n: int,
     w = torch.randn(n, k, dtype=dtype, device=DEVICE) * 0.1
     b = torch.randn(n, dtype=dtype, device=DEVICE)
     out, summed = norm_gemv(x, g, 1e-5, r, w, b, block_n=block_n, block_k=block_k)
-    normed, want_sum = reference.rms_norm(x, g, 1e-5, r)
-    assert_close(out, reference.linear(normed.float(), w.float(), b.float()).to(dtype))
+    normed, want_sum = _unrounded_norm(summed, g, 1e-5), reference.rms_norm(x, g, 1e-5, r)[1]
+    assert_close(out, reference.linear(normed, w.float(), b.float()).to(dtype))
     assert_close(summed, want_sum)  # the interpreter rounds bf16 toward zero, CUDA to nearest
     if not residual:
         assert summed is x
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("i", "k", "block_n", "block_k"), [(20, 64, 8, 32), (37, 100, 8, 32), (3, 48, 16, 64)])
+@pytest.mark.parametrize("residual", [False, True])
+def test_glu_gemv_matches_norm_linear_then_silu_and_mul(dtype, i: int, k: int, block_n: int, block_k: int,
+                                                       residual: bool) -> None:
+    """glu: each program's block_n / 2 gate rows and the matching up rows, silu(g) * u stored
+    (intermediate sizes that are and are not multiples of the half tile, with a bias)."""
+    x = torch.randn(1, k, dtype=dtype, device=DEVICE) * 3
+    r = torch.randn(1, k, dtype=dtype, device=DEVICE) if residual else None
+    g = torch.rand(k, dtype=dtype, device=DEVICE) + 0.5
+    w = torch.randn(2 * i, k, dtype=dtype, device=DEVICE) * 0.1
+    b = torch.randn(2 * i, dtype=dtype, device=DEVICE)
+    out, summed = norm_gemv(x, g, 1e-5, r, w, b, block_n=block_n, block_k=block_k, glu=True)
+    normed, want_sum = _unrounded_norm(summed, g, 1e-5), reference.rms_norm(x, g, 1e-5, r)[1]
+    want = reference.silu_and_mul(reference.linear(normed, w.float(), b.float()))
+    assert out.shape == (1, i)
+    assert_close(out, want.to(dtype))
+    assert_close(summed, want_sum)
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_norm_glu_matches_its_reference_at_any_batch(rows: int) -> None:
+    """norm_glu: one fused kernel for one bf16 row, norm + linear + silu_and_mul otherwise."""
+    x = torch.randn(rows, 64, dtype=torch.bfloat16, device=DEVICE)
+    r = torch.randn(rows, 64, dtype=torch.bfloat16, device=DEVICE)
+    g = torch.rand(64, dtype=torch.bfloat16, device=DEVICE) + 0.5
+    w = torch.randn(48, 64, dtype=torch.bfloat16, device=DEVICE) * 0.1
+    out, summed = norm_glu(x, g, 1e-6, r, w)
+    want, want_sum = reference.norm_glu(x.float(), g.float(), 1e-6, r.float(), w.float())
+    assert out.shape == (rows, 24)
+    assert_close(out, want.bfloat16())
+    assert_close(summed, want_sum.bfloat16())
+
+
+def test_glu_gemv_rejects_an_odd_weight() -> None:
+    x = torch.randn(1, 32, device=DEVICE)
+    with pytest.raises(AssertionError, match="even row count"):
+        norm_gemv(x, torch.ones(32, device=DEVICE), 1e-5, None, torch.randn(7, 32, device=DEVICE), glu=True)
 
 
 def test_fused_gemv_rejects_bad_inputs() -> None:
