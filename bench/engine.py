@@ -10,12 +10,12 @@ import argparse
 import datetime
 import json
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
 import torch
 
+from pdserve.bench.provenance import source_commit
 from pdserve.core.block_manager import BlockManager
 from pdserve.core.request import Sequence, SeqStatus
 from pdserve.core.sampling import SamplingParams
@@ -231,15 +231,14 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
     p.add_argument("--models", default="llama-3.1-8b,qwen2.5-7b")
-    p.add_argument("--commit", default="", help="recorded in the JSON (default: git rev-parse)")
+    p.add_argument("--commit", default="", help="recorded in the JSON (default: pdserve.bench.provenance)")
     p.add_argument("--sections", default=",".join(SECTIONS), help=f"subset of {','.join(SECTIONS)}")
     a = p.parse_args()
     sections = tuple(a.sections.split(","))
     if unknown := set(sections) - set(SECTIONS):
         p.error(f"--sections: unknown {sorted(unknown)}; choose from {SECTIONS}")
     torch.manual_seed(0)
-    commit = a.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                         text=True).stdout.strip()
+    commit = a.commit or source_commit()
     res = {"gpu": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
            "commit": commit or "unknown", "torch": torch.__version__}
     res["copy_GBps"], res["matmul_TFLOPs"] = copy_bandwidth(), matmul_tflops()

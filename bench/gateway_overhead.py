@@ -47,6 +47,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_stack import FakeStack  # noqa: E402
 
+from pdserve.bench.provenance import source_commit
 from pdserve.bench import datasets, report  # noqa: E402
 from pdserve.bench.datasets import BenchRequest  # noqa: E402
 from pdserve.bench.metrics import RequestOutput  # noqa: E402
@@ -350,7 +351,7 @@ def main() -> None:
             doc = asyncio.run(experiment(args, stack, emit_log))
             doc["log_tails"] = {name: proc.lines[-10:] for name, proc in stack.procs.items()}
     date = time.strftime("%Y-%m-%d", time.gmtime())
-    head = {"date": date, "time_utc": time.strftime("%H:%M:%S", time.gmtime()), "commit": _commit(),
+    head = {"date": date, "time_utc": time.strftime("%H:%M:%S", time.gmtime()), "commit": source_commit(),
             "machine": _machine(), "command": "python " + " ".join(sys.argv), "label": args.label,
             "interval_ms": args.interval_ms, "slots": args.slots, "streams": args.streams,
             "num_procs": {side_name(i, n): n for i, n in enumerate(args.num_procs)}, "connections": args.connections,
@@ -405,15 +406,6 @@ def _machine() -> dict[str, Any]:
                   if ln.startswith("model name")), platform.processor())
     return {"cpus": os.cpu_count(), "cpu": model, "python": platform.python_version(), "host": platform.node(),
             "note": "fake workers, gateway and client share the CPUs unless gateway_cpus / harness_cpus pin them"}
-
-
-def _commit() -> str:
-    import subprocess
-
-    r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "../gateway", "../pdserve"],
-                           capture_output=True, text=True, cwd=Path(__file__).parent).stdout.split()
-    return r.stdout.strip() + "".join(sorted({"+dirty-" + f.split("/")[0] for f in dirty if "/" in f}))
 
 
 if __name__ == "__main__":

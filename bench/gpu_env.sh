@@ -12,4 +12,9 @@ else
     export PYTHONPATH=$PWD
 fi
 export PYTHONUNBUFFERED=1
+# The results' commit (pdserve.bench.provenance): the device copy's .git may be stale, so write
+# it here first and carry it: `git rev-parse --short HEAD > .commit`, carry [".commit", ...].
+if [ -z "${PDSERVE_COMMIT:-}" ] && [ -f .commit ]; then
+    export PDSERVE_COMMIT="$(cat .commit)"
+fi
 unset TRITON_INTERPRET

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import torch
 import triton
 from triton.testing import do_bench
 
+from pdserve.bench.provenance import source_commit
 from pdserve.kernels.decode_attention import decode_with_partitions, default_partition_size, paged_decode_attention
 from pdserve.kernels.prefill_attention import paged_prefill_attention
 
@@ -136,11 +136,7 @@ def bench_prefill(tokens: int, prefix: int) -> list[dict]:
 
 def _meta() -> dict:
     """GPU, versions, date and commit for the results file."""
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                check=False).stdout.strip()
-    except OSError:
-        commit = ""
+    commit = source_commit()
     return {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
             "triton": triton.__version__, "commit": commit,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -22,12 +22,12 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
 import torch
 
+from pdserve.bench.provenance import source_commit
 from pdserve.core.block_manager import BlockManager
 from pdserve.core.request import Sequence
 from pdserve.core.sampling import SamplingParams
@@ -92,14 +92,6 @@ def run_one(runner: ModelRunner, prompt: list[int], max_tokens: int, spec: Specu
                 drafted=st.proposed if st else 0, accepted=st.accepted if st else 0)
 
 
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent).stdout.strip()
-    except OSError:
-        return "unknown"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
@@ -158,7 +150,7 @@ def report(runs: dict[str, list[dict]], args: argparse.Namespace, mspec: ModelSp
     per_run = [(len(b["tokens"]) - 1) / b["decode_seconds"] / ((len(a["tokens"]) - 1) / a["decode_seconds"])
                for a, b in zip(plain, ngram)]
     return {
-        "bench": "spec_decode", "date": time.strftime("%Y-%m-%d", time.gmtime()), "commit": commit(),
+        "bench": "spec_decode", "date": time.strftime("%Y-%m-%d", time.gmtime()), "commit": source_commit(),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "load_average_at_end": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,

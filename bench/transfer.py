@@ -51,6 +51,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from pdserve.bench.provenance import source_commit
 from pdserve.core.kv_layout import KvLayout  # noqa: E402
 from pdserve.transfer import make_receiver, make_sender  # noqa: E402
 from pdserve.transfer._wire import block_bytes, torch_dtype  # noqa: E402
@@ -396,7 +397,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     backends = a.backends.split(",") if a.backends != "auto" else auto_backends(device)
     model = TINY_MODEL if a.tiny else (
         json.loads((ROOT / "bench/configs/llama-3.1-8b.json").read_text()) if device.type == "cuda" else SMOLLM2)
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    commit = source_commit()
     res: dict[str, Any] = {
         "device": device_name(device), "date": datetime.date.today().isoformat(),
         "commit": commit or "unknown", "torch": torch.__version__, "layouts": [dataclasses.asdict(x) for x in layouts],

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
+from pdserve.bench.provenance import source_commit
 from pdserve.bench import datasets, report
 from pdserve.bench.backends import BACKENDS, Backend, make_backend
 from pdserve.bench.metrics import detailed, parse_goodput
@@ -84,7 +84,7 @@ def _document(args: argparse.Namespace, slos: dict[str, float], results: list[Ru
         if args.save_detailed:
             rec["requests"] = detailed(r.outputs)
         runs.append(rec)
-    head = {"date": time.strftime("%Y%m%d-%H%M%S"), "commit": _commit(), "backend": args.backend,
+    head = {"date": time.strftime("%Y%m%d-%H%M%S"), "commit": source_commit(), "backend": args.backend,
             "address": args.address, "model_id": args.model, "dataset_name": args.dataset_name,
             "num_prompts": args.num_prompts, "num_warmups": args.num_warmups, "seed": args.seed,
             "input_len": args.input_len, "output_len": args.output_len, "range_ratio": args.range_ratio,
@@ -92,14 +92,6 @@ def _document(args: argparse.Namespace, slos: dict[str, float], results: list[Ru
     doc = {**head, **runs[0]} if len(runs) == 1 else {**head, "runs": runs}
     doc["_results"] = results  # taken off before saving
     return doc
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent, timeout=5).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return ""
 
 
 def save(args: argparse.Namespace, doc: dict[str, Any]) -> Path:
