@@ -174,17 +174,17 @@ def main(quick: bool = False, sweep: bool = False, regs: bool = False) -> None:
         ms = do_bench(lambda: decode_with_partitions(q, views.k, views.v, tables, lens, scale, ctx, views.k_scale,
                                                      views.v_scale), warmup=25, rep=200, return_mode="median")
         print(f"{seqs}x{ctx} fp8 real kernel: {ms:.3f} ms {nbytes / ms / 1e6:.0f} GB/s", flush=True)
-        if regs:  # occupancy: 138 registers and 42.5 KB of shared memory let 3 programs share an SM
-            for bn, stages, nreg in ((128, 3, None), (128, 3, 128), (128, 2, None), (128, 2, 128),
-                                     (64, 2, 128), (64, 3, 128), (128, 2, 96), (64, 2, 96), (128, 3, None)):
+        if regs:  # occupancy: uncapped, 138 registers and 42.5 KB of shared memory let 3 programs share an SM
+            # (block_n, stages, maxnreg, warps); session 9 found (128, 2, 128, 4) best of the first eight
+            for bn, stages, nreg, warps in ((128, 2, 128, 4), (128, 3, None, 4), (128, 2, 112, 4), (128, 2, 128, 8),
+                                            (256, 2, 128, 8), (256, 2, 96, 8), (128, 2, 80, 4), (128, 2, 128, 4)):
+                kw = dict(block_n=bn, num_stages=stages, max_registers=nreg, num_warps=warps)
                 ms = do_bench(lambda: decode_with_partitions(q, views.k, views.v, tables, lens, scale, ctx,  # noqa: B023
-                                                             views.k_scale, views.v_scale, block_n=bn,  # noqa: B023
-                                                             num_stages=stages, max_registers=nreg),  # noqa: B023
+                                                             views.k_scale, views.v_scale, **kw),  # noqa: B023
                               warmup=25, rep=200, return_mode="median")
                 err = (decode_with_partitions(q, views.k, views.v, tables, lens, scale, ctx, views.k_scale,
-                                              views.v_scale, block_n=bn, num_stages=stages, max_registers=nreg)
-                       .float() - ref.float()).abs().max().item()
-                print(f"{seqs}x{ctx} fp8 real kernel block_n={bn} stages={stages} maxnreg={nreg}: {ms:.3f} ms "
+                                              views.v_scale, **kw).float() - ref.float()).abs().max().item()
+                print(f"{seqs}x{ctx} fp8 real kernel {kw}: {ms:.3f} ms "
                       f"{nbytes / ms / 1e6:.0f} GB/s err {err:.1e}", flush=True)
             continue
         for dt, args, mb in (("bf16", (bf_pool[0], bf_pool[1]), bf_bytes), ("fp8", (views.k, views.v), nbytes)):
