@@ -47,10 +47,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_stack import FakeStack  # noqa: E402
 
-from pdserve.bench.provenance import source_commit
 from pdserve.bench import datasets, report  # noqa: E402
 from pdserve.bench.datasets import BenchRequest  # noqa: E402
 from pdserve.bench.metrics import RequestOutput  # noqa: E402
+from pdserve.bench.provenance import source_commit  # noqa: E402
 from pdserve.bench.runner import RunConfig, run  # noqa: E402
 from pdserve.client import AsyncClient, build_request  # noqa: E402
 from pdserve.proto import worker_pb2, worker_pb2_grpc  # noqa: E402

@@ -51,7 +51,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pdserve.bench.provenance import source_commit
+from pdserve.bench.provenance import source_commit  # noqa: E402
 from pdserve.core.kv_layout import KvLayout  # noqa: E402
 from pdserve.transfer import make_receiver, make_sender  # noqa: E402
 from pdserve.transfer._wire import block_bytes, torch_dtype  # noqa: E402

@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pdserve.bench.provenance import source_commit
 from pdserve.bench import datasets, report
 from pdserve.bench.backends import BACKENDS, Backend, make_backend
 from pdserve.bench.metrics import detailed, parse_goodput
+from pdserve.bench.provenance import source_commit
 from pdserve.bench.runner import RunConfig, RunResult, run, warmup
 
 
