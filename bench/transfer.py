@@ -322,45 +322,45 @@ def bench_ttft(backend: str, model: dict, tokens: list[int], reps: int, device: 
             n = (n_tok + 15) // 16
             step = StepInput((SeqSlice("p", ids, 0, tuple(range(n)), SamplingParams(temperature=0.0)),))
 
-            def alone() -> float:
+            def alone(_i: int = 0) -> float:
                 sync(device)
                 t0 = time.perf_counter()
                 runner.execute(step)
                 sync(device)
                 return time.perf_counter() - t0
 
-            def with_transfer(i: int, via: Any = sender, tag: str = "ttft") -> Moved:
-                return one_transfer(via, peer, runner.kv_pool, layout, n, f"{tag}-{n_tok}-{i}",
-                                    hook_into=lambda hook: runner.execute(step, layer_hook=hook))
+            def with_transfer(i: int, via: Any, tag: str) -> tuple[float, float]:
+                """(seconds to seal, seconds to the ack) of a prefill pushing its KV per layer."""
+                m = one_transfer(via, peer, runner.kv_pool, layout, n, f"{tag}-{n_tok}-{i}",
+                                 hook_into=lambda hook: runner.execute(step, layer_hook=hook))
+                return m.sealed, m.seconds
 
             def after_prefill(i: int) -> float:  # no overlap: prefill, then every layer at once
                 t = alone()
                 return t + one_transfer(sender, peer, runner.kv_pool, layout, n, f"seq-{n_tok}-{i}").sealed
 
-            base, xfer, acked, serial, lates = [], [], [], [], []
-
-            def run_with(i: int, via: Any, tag: str, into: list) -> None:
-                m = with_transfer(i, via, tag)
-                into.append((m.sealed, m.seconds))
-
-            moved: list[tuple[float, float]] = []
-            runs = [lambda i: base.append(alone()), lambda i: run_with(i, sender, "ttft", moved),
-                    lambda i: serial.append(after_prefill(i))]
+            runs: dict[str, Any] = {"alone": alone, "overlap": lambda i: with_transfer(i, sender, "ttft"),
+                                    "serial": after_prefill}
             if late is not None:
-                runs.append(lambda i: run_with(i, late, "late", lates))
+                runs["late"] = lambda i: with_transfer(i, late, "late")
+            names = list(runs)
+            got: dict[str, list] = {name: [] for name in names}
             for i in range(reps + 1):  # interleaved, the first of each is warmup; the order
-                for j in range(len(runs)):  # rotates each rep (a run's place moved its time by
-                    runs[(i + j) % len(runs)](i)  # ~3 % of a 2k TTFT: transfer-...-s9b.json)
-            xfer, acked = [m[0] for m in moved], [m[1] for m in moved]
-            b, x, a, y = (statistics.median(v[1:]) for v in (base, xfer, acked, serial))
+                for j in range(len(names)):  # rotates each rep (a run's place moved its time by
+                    name = names[(i + j) % len(names)]  # ~3 % of a 2k TTFT: transfer-...-s9b.json)
+                    got[name].append(runs[name](i))
+
+            def median(name: str, part: int | None = None) -> float:
+                return statistics.median(v if part is None else v[part] for v in got[name][1:])
+
+            b, x, a, y = median("alone"), median("overlap", 0), median("overlap", 1), median("serial")
             out[str(n_tok)] = {"ttft_ms_no_transfer": b * 1e3, "ttft_ms_with_transfer": x * 1e3,
                                "ttft_ms_transfer_after_prefill": y * 1e3,
                                "ttft_ms_with_transfer_to_ack": a * 1e3,
                                "added_ratio": (x - b) / b, "added_ratio_no_overlap": (y - b) / b,
                                "added_ratio_to_ack": (a - b) / b, "reps": reps}
-            if lates:
-                z = statistics.median(e[0] for e in lates[1:])
-                za = statistics.median(e[1] for e in lates[1:])
+            if late is not None:
+                z, za = median("late", 0), median("late", 1)
                 out[str(n_tok)] |= {"ttft_ms_with_transfer_late_attach": z * 1e3, "added_ratio_late_attach": (z - b) / b,
                                     "ttft_ms_with_transfer_to_ack_late_attach": za * 1e3}
                 print(f"{backend:8s} TTFT {n_tok:6d} tokens  attach with the first push: to the ack {za * 1e3:8.1f} ms,"

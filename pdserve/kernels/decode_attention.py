@@ -185,7 +185,7 @@ def decode_with_partitions(
     *,
     block_n: int | None = None,
     num_warps: int = 4,
-    num_stages: int | None = None,
+    num_stages: int = 2,
     tiles: str | None = None,
     heads_first: bool = True,
     max_registers: int | None = None,
@@ -204,8 +204,6 @@ def decode_with_partitions(
     quant = check_scales(k_cache, k_scale, v_scale)
     group, d = check_attention_inputs(q, k_cache, v_cache, block_tables, quant)
     tiles = tiles or ("soft" if quant else "tail")
-    if num_stages is None:
-        num_stages = 2
     if max_registers is None and quant:  # 138 -> 128 registers: 4 programs per SM instead of 3;
         max_registers = 128  # fp8 at 256 / 64 x 4k 0.756 / 0.209 ms vs 0.818 / 0.246 uncapped,
         # stages 2 (3 was best uncapped) (bench/results/fp8-probe-h200-2026-12-04-s9.log)

@@ -258,7 +258,7 @@ def norm_glu(
     the [1, 2I] gate_up row is never written), else rms_norm, F.linear and silu_and_mul."""
     if _one_row(x, weight) and (residual is None or residual.stride(-1) == 1):
         bn, bk, warps = gemv_tiles(*weight.shape)
-        return norm_gemv(x, norm_weight, eps, residual, weight, bias, block_n=max(bn, 2),
-                         block_k=bk, num_warps=warps, prefetch=prefetch, glu=True)
+        return norm_gemv(x, norm_weight, eps, residual, weight, bias, block_n=bn, block_k=bk,
+                         num_warps=warps, prefetch=prefetch, glu=True)
     out, summed = norm_linear(x, norm_weight, eps, residual, weight, bias)
     return silu_and_mul(out), summed

@@ -29,6 +29,15 @@ def test_gemv_matches_reference(dtype, n: int, k: int, block_n: int, block_k: in
 SHAPES = [(40, 64, 8, 32), (37, 100, 8, 32), (5, 48, 16, 64)]
 
 
+def _norm_inputs(rows: int, k: int, n: int, dtype: torch.dtype, residual: bool = True, x_scale: float = 1.0):
+    """x [rows, k] (times x_scale), a residual like it (or None), a norm weight in [0.5, 1.5)
+    and a small weight [n, k]: the inputs of the norm-fused ops."""
+    x = torch.randn(rows, k, dtype=dtype, device=DEVICE) * x_scale
+    r = torch.randn(rows, k, dtype=dtype, device=DEVICE) if residual else None
+    g = torch.rand(k, dtype=dtype, device=DEVICE) + 0.5
+    return x, r, g, torch.randn(n, k, dtype=dtype, device=DEVICE) * 0.1
+
+
 def _unrounded_norm(summed: torch.Tensor, g: torch.Tensor, eps: float) -> torch.Tensor:
     """What a fused kernel dots with: its own residual sum (checked against the reference on
     its own; the interpreter rounds bf16 toward zero, torch to nearest) normed in fp32 (the
@@ -43,10 +52,7 @@ def _unrounded_norm(summed: torch.Tensor, g: torch.Tensor, eps: float) -> torch.
 def test_norm_gemv_matches_norm_then_linear(dtype, n: int, k: int, block_n: int, block_k: int,
                                             residual: bool) -> None:
     """One kernel = rms_norm then linear (the normed row unrounded), and the residual sum."""
-    x = torch.randn(1, k, dtype=dtype, device=DEVICE) * 3
-    r = torch.randn(1, k, dtype=dtype, device=DEVICE) if residual else None
-    g = torch.rand(k, dtype=dtype, device=DEVICE) + 0.5
-    w = torch.randn(n, k, dtype=dtype, device=DEVICE) * 0.1
+    x, r, g, w = _norm_inputs(1, k, n, dtype, residual, x_scale=3)
     b = torch.randn(n, dtype=dtype, device=DEVICE)
     out, summed = norm_gemv(x, g, 1e-5, r, w, b, block_n=block_n, block_k=block_k)
     normed, want_sum = _unrounded_norm(summed, g, 1e-5), reference.rms_norm(x, g, 1e-5, r)[1]
@@ -63,10 +69,7 @@ def test_glu_gemv_matches_norm_linear_then_silu_and_mul(dtype, i: int, k: int, b
                                                        residual: bool) -> None:
     """glu: each program's block_n / 2 gate rows and the matching up rows, silu(g) * u stored
     (intermediate sizes that are and are not multiples of the half tile, with a bias)."""
-    x = torch.randn(1, k, dtype=dtype, device=DEVICE) * 3
-    r = torch.randn(1, k, dtype=dtype, device=DEVICE) if residual else None
-    g = torch.rand(k, dtype=dtype, device=DEVICE) + 0.5
-    w = torch.randn(2 * i, k, dtype=dtype, device=DEVICE) * 0.1
+    x, r, g, w = _norm_inputs(1, k, 2 * i, dtype, residual, x_scale=3)
     b = torch.randn(2 * i, dtype=dtype, device=DEVICE)
     out, summed = norm_gemv(x, g, 1e-5, r, w, b, block_n=block_n, block_k=block_k, glu=True)
     normed, want_sum = _unrounded_norm(summed, g, 1e-5), reference.rms_norm(x, g, 1e-5, r)[1]
@@ -79,10 +82,7 @@ def test_glu_gemv_matches_norm_linear_then_silu_and_mul(dtype, i: int, k: int, b
 @pytest.mark.parametrize("rows", [1, 3])
 def test_norm_glu_matches_its_reference_at_any_batch(rows: int) -> None:
     """norm_glu: one fused kernel for one bf16 row, norm + linear + silu_and_mul otherwise."""
-    x = torch.randn(rows, 64, dtype=torch.bfloat16, device=DEVICE)
-    r = torch.randn(rows, 64, dtype=torch.bfloat16, device=DEVICE)
-    g = torch.rand(64, dtype=torch.bfloat16, device=DEVICE) + 0.5
-    w = torch.randn(48, 64, dtype=torch.bfloat16, device=DEVICE) * 0.1
+    x, r, g, w = _norm_inputs(rows, 64, 48, torch.bfloat16)
     out, summed = norm_glu(x, g, 1e-6, r, w)
     want_sum = reference.rms_norm(x, g, 1e-6, r)[1]
     if rows == 1:  # fused: the normed row and gate/up stay fp32 until silu(g) * u is stored
@@ -116,10 +116,7 @@ def test_fused_gemv_rejects_bad_inputs() -> None:
 @pytest.mark.parametrize("rows", [1, 3])
 def test_fused_ops_match_their_reference_at_any_batch(rows: int) -> None:
     """norm_linear: one fused kernel for one bf16 row, two ops otherwise."""
-    x = torch.randn(rows, 64, dtype=torch.bfloat16, device=DEVICE)
-    r = torch.randn(rows, 64, dtype=torch.bfloat16, device=DEVICE)
-    g = torch.rand(64, dtype=torch.bfloat16, device=DEVICE) + 0.5
-    w = torch.randn(24, 64, dtype=torch.bfloat16, device=DEVICE) * 0.1
+    x, r, g, w = _norm_inputs(rows, 64, 24, torch.bfloat16)
     out, summed = norm_linear(x, g, 1e-6, r, w)
     want, want_sum = reference.norm_linear(x.float(), g.float(), 1e-6, r.float(), w.float())
     assert_close(out, want.bfloat16())
