@@ -22,6 +22,7 @@ from pdserve.core.sampling import SamplingParams
 from pdserve.core.scheduler import Scheduler, SchedulerConfig
 from pdserve.core.step_io import SeqSlice, StepInput
 from pdserve.model.spec import ModelSpec
+from pdserve.runtime.loop import EngineLoop
 from pdserve.runtime.runner import ModelRunner
 
 from kernel_bench import bench_decode  # bench/ is on sys.path when run as a script
@@ -91,13 +92,14 @@ def weight_bytes(runner: ModelRunner) -> int:
     return total
 
 
-SECTIONS = ("decode", "prefill", "hf", "overhead", "tracing")
+SECTIONS = ("decode", "loop", "prefill", "hf", "overhead", "tracing")
+LOOP_STEPS = 64
 
 
 def bench_model(name: str, copy_gbps: float, mm_tflops: float, sections: tuple[str, ...] = SECTIONS,
                 device: str = "cuda") -> dict:
     spec = ModelSpec.from_config_dict(json.loads((CONFIGS / f"{name}.json").read_text()))
-    num_blocks = 256 * (1024 // BS + 1) + 64
+    num_blocks = 256 * (1024 // BS + 1 + LOOP_STEPS // BS + 1) + 64
     runner = ModelRunner(spec, None, device=device, dtype=torch.bfloat16, num_blocks=num_blocks,
                          block_size=BS, load_format="dummy", max_model_len=8192 + 512, max_num_seqs=256)
     runner.kv_pool.normal_()  # never time on zeros
@@ -107,6 +109,8 @@ def bench_model(name: str, copy_gbps: float, mm_tflops: float, sections: tuple[s
     run = lambda step: (lambda: runner.execute(step))  # noqa: E731
     if "decode" in sections:
         out.update(decode_figures(runner, spec, wbytes, kv_tok, copy_gbps))
+    if "loop" in sections:
+        out.update(loop_figures(runner, spec, wbytes, kv_tok, copy_gbps))
     if "overhead" in sections:
         t = timed(run(decode_step(256, 1024, spec.vocab_size)), iters=10)
         out["step_cpu_overhead_ratio_bs256"] = cpu_overhead(runner, spec, t)
@@ -146,6 +150,47 @@ def decode_figures(runner: ModelRunner, spec: ModelSpec, wbytes: int, kv_tok: in
         by_batch[str(b)] = b / t
     out["decode_tok_s_by_batch"] = by_batch
     return out
+
+
+def loop_decode(runner: ModelRunner, spec: ModelSpec, batch: int, ctx: int, overlap: bool) -> float:
+    """Decode tok/s of the whole engine loop (scheduler, staging, sampling, token events) on
+    `batch` running sequences of `ctx` cached tokens: batch over the median gap between one
+    request's tokens, LOOP_STEPS steps, the first 8 left out."""
+    sched = Scheduler(SchedulerConfig(max_num_seqs=256, max_model_len=ctx + LOOP_STEPS + BS,
+                                      enable_prefix_caching=False), BlockManager(runner.num_blocks, BS))
+    params = SamplingParams(temperature=0.0, max_tokens=LOOP_STEPS, ignore_eos=True)
+    stamps: list[float] = []
+    ended = []
+    loop = EngineLoop(sched, runner, overlap=overlap)
+
+    def sink(ev) -> None:
+        if ev.request_id == "s0":
+            stamps.append(time.perf_counter())
+        if ev.finish is not None:
+            ended.append(ev.request_id)
+
+    for i in range(batch):  # running already, as a decode worker admits transferred requests
+        prompt = [(i * 7919 + j) % spec.vocab_size for j in range(ctx)]
+        loop.submit(Sequence(f"s{i}", prompt, params, output_ids=[7], block_table=sched.blocks.allocate(ctx // BS + 1),
+                             num_computed=ctx, status=SeqStatus.RUNNING), sink)
+    loop.start()
+    deadline = time.time() + 120
+    while len(ended) < batch and time.time() < deadline:
+        time.sleep(0.01)
+    loop.stop()
+    assert len(ended) == batch and sched.blocks.num_free == sched.blocks.num_total, "loop run did not finish"
+    gaps = [b - a for a, b in zip(stamps[8:], stamps[9:])]
+    return batch / statistics.median(gaps)
+
+
+def loop_figures(runner: ModelRunner, spec: ModelSpec, wbytes: int, kv_tok: int, copy_gbps: float) -> dict:
+    """Engine-loop decode at 1k context by batch, CPU/GPU overlap on; off at batch 1 and 256."""
+    on = {str(b): loop_decode(runner, spec, b, 1024, True) for b in (1, 8, 32, 64, 128, 256)}
+    off = {str(b): loop_decode(runner, spec, b, 1024, False) for b in (1, 256)}
+    on128 = loop_decode(runner, spec, 1, 128, True)
+    step_bytes = wbytes + kv_tok * (129 + LOOP_STEPS // 2)  # the context grows over the run
+    return {"decode_loop_tok_s_by_batch": on, "decode_loop_plain_tok_s_by_batch": off,
+            "decode_loop_bs1_ctx128": {"tok_s": on128, "roofline_ratio": step_bytes / (copy_gbps * 1e9) * on128}}
 
 
 def prefill_figures(runner: ModelRunner, spec: ModelSpec, wbytes: int, mm_tflops: float) -> dict:

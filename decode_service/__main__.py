@@ -49,7 +49,7 @@ async def amain(args: argparse.Namespace) -> None:
 
     spec = built.scheduler.spec
     runner = SpeculativeRunner(built.runner, spec.cfg.num_speculative_tokens) if spec is not None else built.runner
-    loop = EngineLoop(built.scheduler, runner)
+    loop = EngineLoop(built.scheduler, runner, overlap=args.overlap)
     from pdserve.transfer import make_receiver
 
     kw = {"host": args.advertise_host or args.host, "port": args.kv_nccl_port} if args.kv_transfer == "nccl" else {}

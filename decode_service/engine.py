@@ -56,7 +56,7 @@ class DecodeEngine:
         sched = self.loop.scheduler
         hashes = self.blocks.hashes(prompt) if sched.cfg.enable_prefix_caching else []
         with self.loop.lock:
-            if request_id in self._reserved or sched.get(request_id):
+            if request_id in self._reserved or sched.get(request_id) or sched.in_step(request_id):
                 raise ValueError(f"request {request_id} already exists")
             table, hit = self.blocks.allocate_prompt(num_tokens, hashes)
             self._reserved[request_id] = Reservation(
@@ -109,8 +109,9 @@ class DecodeEngine:
         max_len = self.loop.scheduler.cfg.max_model_len
         if not 0 < len(prompt) < max_len:
             raise ValueError(f"prompt_token_ids: {len(prompt)} tokens, must be in [1, {max_len - 1}]")
+        sched = self.loop.scheduler
         with self.loop.lock:
-            if request_id in self._reserved or self.loop.scheduler.get(request_id):
+            if request_id in self._reserved or sched.get(request_id) or sched.in_step(request_id):
                 raise ValueError(f"request {request_id} already exists")
         self.loop.submit(Sequence(request_id, list(prompt), params, self.eos_ids), sink)
 

@@ -49,6 +49,8 @@ def add_worker_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode")
+    p.add_argument("--no-overlap", dest="overlap", action="store_false",
+                   help="decode worker: apply each step's tokens before planning the next (no CPU/GPU overlap)")
     p.add_argument("--kv-cache-dtype", default="auto", choices=list(KV_CACHE_DTYPES),
                    help="KV pool storage: auto (= --dtype), fp8_e4m3 or int8 with per-token scales")
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)

@@ -32,7 +32,8 @@ async def amain(args: argparse.Namespace) -> None:
         raise SystemExit(f"--kv-transfer cuda_ipc needs the KV pool on CUDA; it is on {built.runner.kv_pool.device}")
     sender = make_sender(args.kv_transfer, built.runner.layout)
     engine = PrefillEngine(sender, built.spec.eos_token_ids)
-    loop = EngineLoop(built.scheduler, built.runner, hook_for_step=engine.hook_for_step)
+    # compute-bound steps: nothing to hide, and each step's KV pushes finish before the next
+    loop = EngineLoop(built.scheduler, built.runner, hook_for_step=engine.hook_for_step, overlap=False)
     engine.attach(loop)
     server = serving.new_server()
     servicer = PrefillServicer(engine, built.runner.layout, built.spec.vocab_size, built.model_name)

@@ -55,9 +55,10 @@ class Sequence:
             return tuple(self.prompt_ids[start:end])
         return tuple(self.prompt_ids[start:]) + tuple(self.output_ids[: end - p])
 
-    def suppressed(self) -> tuple[int, ...]:
-        """Tokens that must not be sampled yet (min_tokens not reached)."""
-        if len(self.output_ids) >= self.params.min_tokens:
+    def suppressed(self, pending: int = 0) -> tuple[int, ...]:
+        """Tokens that must not be sampled yet (min_tokens not reached), `pending` outputs
+        after the known ones."""
+        if len(self.output_ids) + pending >= self.params.min_tokens:
             return ()
         eos = () if self.params.ignore_eos else self.eos_ids
         return tuple(eos) + tuple(self.params.stop_token_ids)

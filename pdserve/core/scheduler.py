@@ -4,6 +4,12 @@ Each step: every running sequence decodes one token (plus n-gram drafts to verif
 --speculative-config, core/spec_schedule.py; growing its blocks, preempting the newest
 sequence by recompute when blocks run out), then waiting sequences are prefilled first come,
 first served, in chunks that fit the token budget. Prefix-cached blocks are reused.
+
+Overlap: while one step runs, `schedule_next` may plan the next one, every running sequence
+one token further with that token a placeholder the runner fills on the device. Up to two
+steps are then in flight; `update` applies them in order. A sequence that ends in the first
+keeps its blocks until the second is applied (that step still writes them), and the second
+step's token for it is dropped.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from dataclasses import dataclass
 from pdserve.core.block_manager import BlockManager, cacheable_blocks
 from pdserve.core.request import Finish, Sequence, SeqStatus, check_finish
 from pdserve.core.spec_schedule import DraftPlanner
-from pdserve.core.step_io import SeqSlice, StepInput, StepOutput
+from pdserve.core.step_io import PLACEHOLDER, SeqSlice, StepInput, StepOutput
 
 
 @dataclass(frozen=True)
@@ -54,7 +60,9 @@ class Scheduler:
         # object of the same length (the scheduler only extends tables or replaces them)
         self._tables: dict[str, tuple[list[int], tuple[int, ...]]] = {}
         self._running_sorted = True  # self.running is in arrival order
-        self._inflight: set[str] = set()
+        self._inflight: list[set[str]] = []  # request ids of each step in flight, oldest first
+        self._last = StepInput(())  # the step scheduled last
+        self._free_later: list[int] = []  # blocks a step in flight still writes: freed by the next update
         self._aborted: set[str] = set()
         self._arrivals = 0
         self.preemptions = 0
@@ -64,7 +72,7 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         """Queue a sequence. A RUNNING one must already hold blocks for all tokens but its last."""
-        if seq.request_id in self._by_id:
+        if seq.request_id in self._by_id or self.in_step(seq.request_id):  # ended, its step still running
             raise ValueError(f"duplicate request id {seq.request_id}")
         self._arrivals += 1
         seq.arrival = self._arrivals
@@ -83,15 +91,15 @@ class Scheduler:
         seq = self._by_id.get(request_id)
         if seq is None:
             return False
-        if request_id in self._inflight:
+        if self.in_step(request_id):
             self._aborted.add(request_id)
         else:
             self._finish(seq, Finish.ABORT)
         return True
 
     def in_step(self, request_id: str) -> bool:
-        """True while the request is part of the step being executed."""
-        return request_id in self._inflight
+        """True while the request is part of a step being executed."""
+        return any(request_id in ids for ids in self._inflight)
 
     def fail_step(self, step: StepInput) -> None:
         """The runner failed this step: its sequences end as aborted at update()."""
@@ -166,12 +174,58 @@ class Scheduler:
             self.waiting.popleft()
             self._append_running(seq)
             seq.status = SeqStatus.RUNNING
-        self._inflight = {s.request_id for s in slices}
-        return StepInput(tuple(slices))
+        return self._planned(slices)
+
+    def schedule_next(self) -> StepInput | None:
+        """While the last step scheduled runs (not yet updated): the next step, each running
+        sequence decoding one more token. A sequence that step samples for decodes its unknown
+        token as a placeholder (SeqSlice.prev_row); one certain to end there by length is left
+        out. None, with nothing changed but tables grown, when the next step needs more:
+        waiting requests, drafts, a preemption, or no single step in flight."""
+        running = self.running
+        if (len(self._inflight) != 1 or self.waiting or self.spec is not None
+                or len(running) > self.cfg.max_num_batched_tokens):
+            return None
+        rows, r = {}, 0
+        for sl in self._last.seqs:
+            if sl.sample:
+                if not sl.num_drafts:
+                    rows[sl.request_id] = r
+                r += 1
+        slices: list[SeqSlice] = []
+        block_size, max_len, tables = self.blocks.block_size, self.cfg.max_model_len, self._tables
+        for seq in running:
+            rid, out, params = seq.request_id, seq.output_ids, seq.params
+            if rid in self._aborted:
+                continue
+            row = rows.get(rid, -1)
+            if row < 0:  # no token on the way: the plain decode slice
+                n, pending, tokens = len(seq), 0, ((out[-1],) if out else seq.token_slice(len(seq) - 1, len(seq)))
+            else:
+                n, pending, tokens = len(seq) + 1, 1, (PLACEHOLDER,)
+                if len(out) + 1 >= params.max_tokens or n >= max_len:
+                    continue  # the token on the way ends it
+            if n > len(seq.block_table) * block_size and not self._take_blocks(seq, n):
+                return None
+            bt, cached = seq.block_table, tables.get(rid)
+            if cached is None or cached[0] is not bt or len(cached[1]) != len(bt):
+                cached = tables[rid] = (bt, tuple(bt))
+            slices.append(SeqSlice(rid, tokens, n - 1, cached[1], params, True,
+                                   seq.suppressed(pending) if params.min_tokens else (), 0, row))
+        return self._planned(slices) if slices else None
+
+    def _planned(self, slices: list[SeqSlice]) -> StepInput:
+        """The step to run; in flight until its update (an empty one is never run)."""
+        self._last = StepInput(tuple(slices))
+        if slices:
+            self._inflight.append({s.request_id for s in slices})
+        return self._last
 
     def update(self, step: StepInput, out: StepOutput) -> list[TokenEvent]:
         """Apply a step's results; returns the tokens sampled and the sequences that ended."""
         events: list[TokenEvent] = []
+        current = self._inflight.pop(0) if step.seqs and self._inflight else set()
+        free_now, self._free_later = self._free_later, []
         by_id, aborted, unregistered = self._by_id, self._aborted, self._unregistered
         sampled, max_len = out.sampled, self.cfg.max_model_len
         for sl in step.seqs:
@@ -197,8 +251,11 @@ class Scheduler:
             events.append(TokenEvent(rid, token, finish))
             if finish is not None:
                 self._finish(seq, finish)
-        self._inflight = set()
-        self._aborted.clear()
+        aborted -= current
+        if not self._inflight:  # nothing runs any more: nothing writes the deferred blocks
+            free_now += self._free_later
+            self._free_later = []
+        self.blocks.free(free_now)
         return events
 
     # -- helpers ---------------------------------------------------------------------------
@@ -305,7 +362,10 @@ class Scheduler:
 
     def _finish(self, seq: Sequence, why: Finish) -> None:
         seq.status, seq.finish = SeqStatus.FINISHED, why
-        self.blocks.free(seq.block_table)
+        if self.in_step(seq.request_id):  # a later step in flight still writes these blocks
+            self._free_later += seq.block_table
+        else:
+            self.blocks.free(seq.block_table)
         seq.block_table = []
         self._by_id.pop(seq.request_id, None)
         self._hashes.pop(seq.request_id, None)

@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 from pdserve.core.sampling import SamplingParams
 
 
+PLACEHOLDER = -1  # the token of a slice with prev_row >= 0, sampled by the step before
+
+
 @dataclass(slots=True, unsafe_hash=True)
 class SeqSlice:
     """The tokens of one sequence to run in this step.
@@ -28,6 +31,11 @@ class SeqSlice:
     `suppress_token_ids` then applies to every verified position (the scheduler proposes no
     draft that would cross the min_tokens boundary).
 
+    With overlapped steps (Scheduler.schedule_next) a decode slice may be scheduled before its
+    one token is known: `prev_row` >= 0 says token_ids is (PLACEHOLDER,) and the runner reads
+    the token on the device, where the previous step sampled it (row `prev_row` of that step's
+    sampled slices).
+
     Treat it as immutable (it hashes by value). Not frozen: a frozen dataclass pays an
     object.__setattr__ per field at construction, and a step builds one slice per sequence.
     """
@@ -40,6 +48,7 @@ class SeqSlice:
     sample: bool = True
     suppress_token_ids: tuple[int, ...] = ()
     num_drafts: int = 0
+    prev_row: int = -1
 
     @property
     def end_pos(self) -> int:

@@ -1,8 +1,10 @@
 """CUDA graphs for pure-decode steps: embedding -> layers -> final norm -> lm_head logits.
 
 One graph per captured batch size, all reading one static int32 device buffer laid out as
-[ids | positions | slots | seq_lens] (M entries each, M the largest size) followed by block
-tables [M, W], W = ceil(max_model_len / block_size). A step of n sequences pads to the next
+[ids | positions | slots | seq_lens | prev_rows] (M entries each, M the largest size) followed
+by block tables [M, W], W = ceil(max_model_len / block_size). A row whose prev_row is >= 0
+takes its token from the runner's `prev_tokens` (what the step before sampled), inside the
+graph, so a step can be queued before the host knows its tokens. A step of n sequences pads to the next
 captured size P: padded rows have slot -1 (the Triton KV write skips it), seq_len 1 and a
 table row left from an earlier step (valid block ids), so they write nothing and read one
 harmless token. The step's values are written into a pinned mirror of that buffer and copied
@@ -77,12 +79,13 @@ class DecodeRows:
 
 
 def decode_vectors(seqs: tuple[SeqSlice, ...], block_size: int, padded: int) -> list[int]:
-    """ids, positions, slots, seq_lens of a decode batch (one new token per slice), each padded
-    to `padded` entries (padding: id 0, position 0, slot -1, seq_len 1), concatenated."""
+    """ids, positions, slots, seq_lens, prev_rows of a decode batch (one new token per slice),
+    each padded to `padded` entries (padding: id 0, position 0, slot -1, seq_len 1, row -1),
+    concatenated."""
     bs, n = block_size, len(seqs)
     if not 0 < n <= padded:
         raise ValueError(f"{n} sequences do not fit a batch of {padded}")
-    ids, pos, slots, lens = [], [], [], []
+    ids, pos, slots, lens, rows = [], [], [], [], []
     for s in seqs:
         if len(s.token_ids) != 1:
             raise ValueError(f"{s.request_id}: a decode slice has exactly one token")
@@ -91,8 +94,9 @@ def decode_vectors(seqs: tuple[SeqSlice, ...], block_size: int, padded: int) -> 
         pos.append(p)
         slots.append(bt[p // bs] * bs + p % bs)
         lens.append(p + 1)
+        rows.append(s.prev_row)
     pad = padded - n
-    return ids + [0] * pad + pos + [0] * pad + slots + [-1] * pad + lens + [1] * pad
+    return ids + [0] * pad + pos + [0] * pad + slots + [-1] * pad + lens + [1] * pad + rows + [-1] * pad
 
 
 def decode_rows(seqs: tuple[SeqSlice, ...], block_size: int, padded: int) -> DecodeRows:
@@ -114,7 +118,7 @@ class DecodeGraphs:
 
     def __init__(
         self, model: LlamaModel, kv_pool: torch.Tensor, *, block_size: int, max_model_len: int,
-        max_num_seqs: int, capture: bool = True,
+        max_num_seqs: int, prev_tokens: torch.Tensor | None = None, capture: bool = True,
     ) -> None:
         self.model, self.kv_pool, self.block_size = model, kv_pool, block_size
         self.num_blocks = kv_pool.shape[2]
@@ -122,11 +126,14 @@ class DecodeGraphs:
         self.max_batch = m = self.sizes[-1]
         self.width = -(-max_model_len // block_size)
         dev = kv_pool.device
-        n = 4 * m + m * self.width
+        self.prev_tokens = prev_tokens if prev_tokens is not None else torch.zeros(
+            m, dtype=torch.int32, device=kv_pool.device)
+        n = 5 * m + m * self.width
         cuda = dev.type == "cuda"
         host = torch.zeros(n, dtype=torch.int32, pin_memory=cuda)
         host[2 * m : 3 * m] = -1  # slots: padding writes nowhere
         host[3 * m : 4 * m] = 1  # seq_lens: padding reads one token
+        host[4 * m : 5 * m] = -1  # prev_rows: tokens given
         self._host = host
         self._static = host.to(dev) if cuda else host  # CPU: the mirror is the buffer
         self._qsl = torch.arange(m + 1, dtype=torch.int32, device=dev)
@@ -160,7 +167,7 @@ class DecodeGraphs:
         """
         padded = padded_size(len(seqs), self.sizes)
         assert padded is not None, f"{len(seqs)} sequences exceed the captured {self.max_batch}"
-        vec = int32_tensor(decode_vectors(seqs, self.block_size, padded)).view(4, padded)
+        vec = int32_tensor(decode_vectors(seqs, self.block_size, padded)).view(5, padded)
         owners, keys = self._rows, [(s.request_id, s.block_table) for s in seqs]
         changed = [i for i, k in enumerate(keys) if owners[i] != k]
         for i in changed:
@@ -170,14 +177,14 @@ class DecodeGraphs:
         m, big_w = self.max_batch, self.width
         if self._event is not None:
             self._event.synchronize()  # the previous copy out of the mirror has finished
-        self._host[: 4 * m].view(4, m)[:, :padded] = vec
-        tables = self._host[4 * m :].view(m, big_w)
+        self._host[: 5 * m].view(5, m)[:, :padded] = vec
+        tables = self._host[5 * m :].view(m, big_w)
         for i in changed:
             bt = keys[i][1][:big_w]
             tables[i, : len(bt)] = int32_tensor(bt)
             owners[i] = keys[i]
         if self._event is not None:
-            end = 4 * m + padded * big_w
+            end = 5 * m + padded * big_w
             self._static[:end].copy_(self._host[:end], non_blocking=True)
             self._event.record()
         return padded
@@ -186,7 +193,7 @@ class DecodeGraphs:
         m, s = self.max_batch, self._static
         return AttnMetadata(
             slot_mapping=s[2 * m : 2 * m + b],
-            block_tables=s[4 * m :].view(m, self.width)[:b],
+            block_tables=s[5 * m :].view(m, self.width)[:b],
             seq_lens=s[3 * m : 3 * m + b],
             query_start_loc=self._qsl[: b + 1],
             is_decode=True,
@@ -195,7 +202,9 @@ class DecodeGraphs:
     def forward(self, b: int) -> torch.Tensor:
         """Logits [b, V] (model dtype) of the first b rows of the static buffers (what a graph holds)."""
         m, s = self.max_batch, self._static
-        hidden = self.model.forward(s[:b], s[m : m + b], self._meta(b), self.kv_pool)
+        rows = s[4 * m : 4 * m + b]
+        ids = torch.where(rows >= 0, self.prev_tokens.index_select(0, rows.clamp(min=0)), s[:b])
+        hidden = self.model.forward(ids, s[m : m + b], self._meta(b), self.kv_pool)
         return self.model.compute_logits(hidden)
 
     def _capture_all(self) -> None:

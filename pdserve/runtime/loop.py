@@ -2,6 +2,10 @@
 
 RPC handlers never touch the scheduler directly: they call `submit`, `abort` and `locked`,
 which take the loop's lock, and receive their tokens through the sink they handed in.
+
+With `overlap` (and a runner that can `launch`), the host plans and queues step N+1 while the
+device still runs step N, then applies N's tokens: the device never waits for the scheduler,
+the staging of inputs or the sinks. Step N+1's tokens for sequences N ends are dropped.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from pdserve.core.request import Finish, Sequence
@@ -27,6 +32,20 @@ class Runner(Protocol):
     def execute(self, step: StepInput, layer_hook: LayerHook | None = None) -> StepOutput: ...
 
 
+class Launched(Protocol):
+    def result(self) -> StepOutput: ...
+
+
+@dataclass
+class _Started:
+    """A step handed to the runner: `result` gives its output (None: it failed to start)."""
+
+    step: StepInput
+    t0: float
+    result: Callable[[], StepOutput] | None
+    queued: bool  # still running on the device: the next step may be planned meanwhile
+
+
 class EngineLoop:
     """Drives one scheduler and one runner on a dedicated thread."""
 
@@ -35,10 +54,13 @@ class EngineLoop:
         scheduler: Scheduler,
         runner: Runner,
         hook_for_step: Callable[[StepInput], LayerHook | None] | None = None,
+        overlap: bool = True,
     ) -> None:
         self.scheduler = scheduler
         self.runner = runner
         self._hook_for_step = hook_for_step
+        self._launch: Callable[[StepInput], Launched] | None = getattr(runner, "launch", None) if overlap else None
+        self._last_end = 0.0
         self._sinks: dict[str, Sink] = {}
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
@@ -83,29 +105,56 @@ class EngineLoop:
         return found
 
     def _run(self) -> None:
+        running: _Started | None = None  # queued on the device, not yet applied
         while True:
             with self._wake:
-                while not self._stop and not self.scheduler.has_work:
-                    self._wake.wait(timeout=1.0)
-                if self._stop:
-                    return
-                step = self.scheduler.schedule()
-            if not step.seqs:
+                if running is None:
+                    while not self._stop and not self.scheduler.has_work:
+                        self._wake.wait(timeout=1.0)
+                    if self._stop:
+                        return
+                    step: StepInput | None = self.scheduler.schedule()
+                else:
+                    step = None if self._stop else self.scheduler.schedule_next()
+            if running is None and step is not None and not step.seqs:
                 time.sleep(0.001)  # nothing fits yet (blocks); let frees arrive
                 continue
-            self._step(step)
+            started = self._start(step) if step is not None else None
+            if running is not None:
+                self._apply(running)
+            running = started
+            if running is not None and not running.queued:
+                self._apply(running)
+                running = None
 
     def _step(self, step: StepInput) -> None:
+        """One step start to finish, nothing overlapped (bench/tracing_cost.py times it)."""
+        self._apply(self._start(step))
+
+    def _start(self, step: StepInput) -> _Started:
+        """Queue the step (overlap) or run it; a failure is kept for _apply to abort the batch."""
         t0 = time.perf_counter()
-        hook = self._hook_for_step(step) if self._hook_for_step else None
         try:
+            hook = self._hook_for_step(step) if self._hook_for_step else None
+            if self._launch is not None and hook is None:
+                return _Started(step, t0, self._launch(step).result, True)
             out = self.runner.execute(step, layer_hook=hook)
+            return _Started(step, t0, lambda: out, False)
         except Exception:  # a failed forward must not kill the loop or leak the batch
             log.exception("step failed; aborting its %d sequences", len(step.seqs))
-            out = None
+            return _Started(step, t0, None, False)
+
+    def _apply(self, started: _Started) -> None:
+        """Wait for a step's tokens, update the scheduler, feed the sinks."""
+        step, t0, out = started.step, started.t0, None
+        if started.result is not None:
+            try:
+                out = started.result()
+            except Exception:
+                log.exception("step failed; aborting its %d sequences", len(step.seqs))
+        end = time.perf_counter()
         if self.step_tracer is not None:
-            self.step_tracer.step(step, time.time_ns() - int((time.perf_counter() - t0) * 1e9), time.time_ns(),
-                                  out is not None)
+            self.step_tracer.step(step, time.time_ns() - int((end - t0) * 1e9), time.time_ns(), out is not None)
         with self._lock:
             if out is None:
                 self.scheduler.fail_step(step)
@@ -121,4 +170,5 @@ class EngineLoop:
             if sink is not None:
                 sink(ev)
         self.steps += 1
-        self.busy_seconds += time.perf_counter() - t0
+        self.busy_seconds += end - max(t0, self._last_end)  # overlapped steps count once
+        self._last_end = end

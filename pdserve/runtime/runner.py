@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
@@ -16,14 +17,28 @@ from pdserve.model.spec import ModelSpec
 from pdserve.runtime.cuda_graph import DecodeGraphs
 from pdserve.runtime.kv_cache import allocate_kv_pool, kv_layout
 from pdserve.runtime.kv_quant import allocate_quant_pool, is_quantized, quant_kv_layout
-from pdserve.runtime.sampler import sample_tokens
-from pdserve.runtime.staging import HostStager, check_block_ids, flat_slot_mapping
+from pdserve.runtime.sampler import sample_on_device
+from pdserve.runtime.staging import HostStager, check_block_ids, flat_slot_mapping, fill_placeholders
 
 
 def default_ops(device: str | torch.device) -> ModuleType:
     """pdserve.kernels.reference on CPU, pdserve.kernels.triton_ops on CUDA (same function names)."""
     name = "pdserve.kernels.triton_ops" if torch.device(device).type == "cuda" else "pdserve.kernels.reference"
     return importlib.import_module(name)
+
+
+@dataclass
+class LaunchedStep:
+    """A step whose forward and sampling are queued on the device; `result` waits for them."""
+
+    request_ids: list[str]  # of the slices that sample, in order
+    tokens: torch.Tensor  # their tokens: a pinned host tensor filled by a queued copy (CUDA)
+    done: torch.cuda.Event | None
+
+    def result(self) -> StepOutput:
+        if self.done is not None:
+            self.done.synchronize()
+        return StepOutput(sampled=dict(zip(self.request_ids, self.tokens.tolist())))
 
 
 class ModelRunner:
@@ -68,40 +83,62 @@ class ModelRunner:
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.max_model_len = min(max_model_len or self.model.max_position, self.model.max_position)
         self._stager = HostStager(self.device)
+        # the last launched step's sampled tokens (device), read by its successor's placeholders
+        self.prev_tokens = torch.zeros(max(1, max_num_seqs), dtype=torch.int32, device=self.device)
+        self._prev_ids: list[str] = []
         self.graphs: DecodeGraphs | None = None
         if self.device.type == "cuda" and not enforce_eager:
             self.graphs = DecodeGraphs(
                 self.model, self.kv_pool, block_size=block_size,
-                max_model_len=self.max_model_len, max_num_seqs=max_num_seqs,
+                max_model_len=self.max_model_len, max_num_seqs=max_num_seqs, prev_tokens=self.prev_tokens,
             )
 
-    @torch.inference_mode()
     def execute(self, step: StepInput, layer_hook: LayerHook | None = None) -> StepOutput:
         """Run one step; `layer_hook(l)` is called once layer l's new KV is in the pool."""
-        if not step.seqs:
-            return StepOutput()
+        return self.launch(step, layer_hook).result()
+
+    @torch.inference_mode()
+    def launch(self, step: StepInput, layer_hook: LayerHook | None = None) -> LaunchedStep:
+        """Queue one step's forward and sampling; the host is free until `result()`.
+
+        Steps run in launch order; a slice with prev_row reads its token from the step launched
+        just before (ValueError if that step did not sample this request at that row)."""
         self.check(step)
         sampled = [s for s in step.seqs if s.sample]
-        if layer_hook is None and self.graphed(step):
-            logits = self.graphs.run(step.seqs)
-            if len(sampled) < len(step.seqs):
-                logits = logits[[i for i, s in enumerate(step.seqs) if s.sample]]
-        else:
-            ids, positions, meta = self._prepare(step.seqs)
-            hidden = self.model.forward(ids, positions, meta, self.kv_pool, layer_hook)
-            if not sampled:
-                return StepOutput()
-            logits = self.model.compute_logits(hidden)
+        ids = [s.request_id for s in sampled]
         if not sampled:
-            return StepOutput()
-        tokens = sample_tokens(
+            self._forward(step, sampled, layer_hook)
+            self._prev_ids = []
+            return LaunchedStep([], torch.empty(0, dtype=torch.int64), None)
+        logits = self._forward(step, sampled, layer_hook)
+        tokens = sample_on_device(
             logits,
             [s.sampling for s in sampled],
             [s.end_pos for s in sampled],
             [s.suppress_token_ids for s in sampled],
             self.generator,
         )
-        return StepOutput(sampled={s.request_id: t for s, t in zip(sampled, tokens)})
+        n = min(len(ids), self.prev_tokens.numel())
+        self.prev_tokens[:n].copy_(tokens[:n])
+        self._prev_ids = ids[:n]
+        if self.device.type != "cuda":
+            return LaunchedStep(ids, tokens, None)
+        host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+        host.copy_(tokens, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        return LaunchedStep(ids, host, done)
+
+    def _forward(self, step: StepInput, sampled: list[SeqSlice], layer_hook: LayerHook | None) -> torch.Tensor | None:
+        """Logits of the sampled slices (None when none samples)."""
+        if layer_hook is None and self.graphed(step):
+            logits = self.graphs.run(step.seqs)
+            if len(sampled) < len(step.seqs):
+                logits = logits[[i for i, s in enumerate(step.seqs) if s.sample]]
+            return logits
+        ids, positions, meta = self._prepare(step.seqs)
+        hidden = self.model.forward(ids, positions, meta, self.kv_pool, layer_hook)
+        return self.model.compute_logits(hidden) if sampled else None
 
     def check(self, step: StepInput) -> None:
         """Refuse a step the pool, the model or the vocabulary cannot serve (ValueError)."""
@@ -109,6 +146,11 @@ class ModelRunner:
             self._validate(s)
         if len({s.request_id for s in step.seqs}) != len(step.seqs):
             raise ValueError("a request appears twice in one step")
+        prev = self._prev_ids
+        for s in step.seqs:
+            if s.prev_row >= 0 and (s.prev_row >= len(prev) or prev[s.prev_row] != s.request_id):
+                raise ValueError(f"{s.request_id}: placeholder token, but the last step did not sample "
+                                 f"it at row {s.prev_row}")
 
     def graphed(self, step: StepInput) -> bool:
         """True when this step replays a CUDA graph (a pure-decode batch that fits one)."""
@@ -135,6 +177,8 @@ class ModelRunner:
                 f"{end - 1} need {need}"
             )
         lo, hi = (toks[0], toks[0]) if len(toks) == 1 else (min(toks), max(toks))
+        if s.prev_row >= 0 and len(toks) == 1:
+            lo = hi = 0  # the placeholder: its token is checked where it was sampled
         if lo < 0 or hi >= self.spec.vocab_size:
             raise ValueError(f"{s.request_id}: token id outside the vocabulary")
 
@@ -145,9 +189,12 @@ class ModelRunner:
         pos: list[int] = []
         slots: list[int] = []
         tables: list[int] = []
+        rows: list[int] = []  # per placeholder token: (its flat index, the previous step's row)
         qsl = [0]
         width = max(-(-s.end_pos // bs) for s in seqs)
         for s in seqs:
+            if s.prev_row >= 0:
+                rows += (len(ids), s.prev_row)
             ids.extend(s.token_ids)
             pos.extend(range(s.start_pos, s.end_pos))
             slots.extend(flat_slot_mapping(s.block_table, s.start_pos, s.end_pos, bs))
@@ -157,10 +204,12 @@ class ModelRunner:
                 tables.extend([0] * (width - len(s.block_table)))
         lens = [s.end_pos for s in seqs]
         sample_idx = [qsl[i + 1] - 1 for i, s in enumerate(seqs) if s.sample]
-        (ids_t, pos_t, slots_t, qsl_t, bt_t, lens_t, idx_t), host = self._stager.upload(
-            [ids, pos, slots, qsl, tables, lens, sample_idx]
+        (ids_t, pos_t, slots_t, qsl_t, bt_t, lens_t, idx_t, rows_t), host = self._stager.upload(
+            [ids, pos, slots, qsl, tables, lens, sample_idx, rows]
         )
         check_block_ids(host[4], seqs, self.num_blocks, bs)
+        if rows:
+            ids_t = fill_placeholders(ids_t, rows_t.view(-1, 2), self.prev_tokens)
         meta = AttnMetadata(
             slot_mapping=slots_t,
             block_tables=bt_t.view(len(seqs), width),

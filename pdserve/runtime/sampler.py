@@ -36,14 +36,25 @@ def sample_tokens(
     suppress: Sequence[Sequence[int]] | None = None,
     generator: torch.Generator | None = None,
 ) -> list[int]:
-    """One token per row of `logits` [B, V].
+    """sample_on_device's tokens as a list (waits for them)."""
+    return sample_on_device(logits, params, positions, suppress, generator).tolist()
+
+
+def sample_on_device(
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    positions: Sequence[int],
+    suppress: Sequence[Sequence[int]] | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """One token per row of `logits` [B, V], as an int64 tensor on its device (no host sync).
 
     positions[b] is the position the sampled token will take (SeqSlice.end_pos); it keys
     seeded draws. suppress[b] are ids masked to -inf first. Unseeded non-greedy rows draw
     from `generator` (the runner's). Greedy means temperature 0 or top_k 1.
     """
     if all(p.greedy for p in params) and not (suppress and any(suppress)):
-        return argmax_rows(logits).tolist()  # in the logits' dtype: upcasting changes no order
+        return argmax_rows(logits)  # in the logits' dtype: upcasting changes no order
     logits = logits.float()
     if suppress is not None:
         rows = [b for b, ids in enumerate(suppress) for _ in ids]
@@ -57,7 +68,7 @@ def sample_tokens(
         probs = token_probs(logits[rows], [params[b] for b in rows])
         drawn = _draw(probs, [params[b].seed for b in rows], [positions[b] for b in rows], generator)
         out[rows] = drawn
-    return out.tolist()
+    return out
 
 
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:

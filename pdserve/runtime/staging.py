@@ -39,6 +39,14 @@ def check_block_ids(tables: torch.Tensor, seqs: Sequence[SeqSlice], num_blocks: 
             raise ValueError(f"{s.request_id}: block id outside the pool [0, {num_blocks})")
 
 
+def fill_placeholders(ids: torch.Tensor, rows: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+    """ids with ids[rows[i, 0]] = prev[rows[i, 1]] for each pair (placeholder index, previous
+    step's row), on the device: a step's input tokens sampled by the step queued before it."""
+    ids = ids.clone()
+    ids[rows[:, 0].long()] = prev[rows[:, 1].long()]
+    return ids
+
+
 def flat_slot_mapping(block_table: tuple[int, ...] | list[int], start: int, end: int, bs: int) -> list[int]:
     """Flat cache slots (block * bs + offset) of positions start..end-1, one range per block."""
     out: list[int] = []

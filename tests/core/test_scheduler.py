@@ -201,3 +201,18 @@ def test_decode_side_prefix_cache_reuses_finished_prompts_and_survives_eviction(
     hit, tokens = _decode_side(sched, runner, "b2", b, 5, 6)
     assert hit < 5 and tokens == want["b"]
     leak_check(sched)
+
+
+def test_steps_that_fit_nothing_are_not_in_flight():
+    """A step with no slices (nothing fits the pool yet) is never run or updated: it must not
+    count as in flight, or frees would wait for an update that never comes."""
+    sched, runner = make(num_blocks=4, block_size=4)
+    sched.add(seq("a", 8, 3, seed=1))  # two blocks; its first decode needs a third
+    first = sched.schedule()
+    sched.update(first, runner.execute(first))
+    held = sched.blocks.allocate(2)  # e.g. reserved for a transfer
+    empty = sched.schedule()  # a preempts itself and cannot come back yet
+    assert empty.seqs == () and not sched.in_step("a") and sched.preemptions == 1
+    sched.blocks.free(held)
+    assert run_all(sched, runner)["a"]
+    leak_check(sched)

@@ -83,6 +83,15 @@ def test_static_buffers_match_eager_across_steps() -> None:
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="outside the pool"):
         g.stage((SeqSlice("e", (1,), 0, (41,), GREEDY),))
+    # placeholders: rows whose token the previous step sampled, read from prev_tokens in the forward
+    g.prev_tokens[:3] = torch.tensor([11, 5, 42], dtype=torch.int32)
+    held = (SeqSlice("a", (-1,), 9, (1, 2, 3), GREEDY, prev_row=2), b, SeqSlice("c", (-1,), 20, c.block_table,
+                                                                                 GREEDY, prev_row=1))
+    given = (SeqSlice("a", (42,), 9, (1, 2, 3), GREEDY), b, SeqSlice("c", (5,), 20, c.block_table, GREEDY))
+    with torch.inference_mode():
+        got = [g.forward(g.stage(seqs))[:3].clone() for seqs in (held, given)]
+    torch.testing.assert_close(got[0], got[1], rtol=0, atol=0)
+    assert not torch.equal(got[0][0], g.forward(g.stage((a, b, c)))[0])  # token 5 != 42: it mattered
 
 
 @pytest.mark.gpu
