@@ -128,7 +128,6 @@ class Scheduler:
             self.running.sort(key=lambda s: s.arrival)
             self._running_sorted = True
         running_status = SeqStatus.RUNNING
-        tables = self._tables
         append = slices.append
         spec = self.spec
         if spec is not None:
@@ -146,14 +145,11 @@ class Scheduler:
             drafts = spec.drafts(seq, budget, self.blocks, len(self.running)) if spec is not None else ()
             # the decode slice of _slice(seq, n - 1, n), built inline (one per sequence per step)
             rid, params = seq.request_id, seq.params
-            cached = tables.get(rid)
-            if cached is None or cached[0] is not bt or len(cached[1]) != len(bt):
-                cached = tables[rid] = (bt, tuple(bt))
             append(SeqSlice(
                 rid,
                 ((out[-1],) if out else seq.token_slice(n - 1, n)) + drafts,
                 n - 1,
-                cached[1],
+                self._table(seq),
                 params,
                 True,
                 seq.suppressed() if params.min_tokens else (),
@@ -193,7 +189,7 @@ class Scheduler:
                     rows[sl.request_id] = r
                 r += 1
         slices: list[SeqSlice] = []
-        block_size, max_len, tables = self.blocks.block_size, self.cfg.max_model_len, self._tables
+        block_size, max_len = self.blocks.block_size, self.cfg.max_model_len
         for seq in running:
             rid, out, params = seq.request_id, seq.output_ids, seq.params
             if rid in self._aborted:
@@ -207,12 +203,16 @@ class Scheduler:
                     continue  # the token on the way ends it
             if n > len(seq.block_table) * block_size and not self._take_blocks(seq, n):
                 return None
-            bt, cached = seq.block_table, tables.get(rid)
-            if cached is None or cached[0] is not bt or len(cached[1]) != len(bt):
-                cached = tables[rid] = (bt, tuple(bt))
-            slices.append(SeqSlice(rid, tokens, n - 1, cached[1], params, True,
+            slices.append(SeqSlice(rid, tokens, n - 1, self._table(seq), params, True,
                                    seq.suppressed(pending) if params.min_tokens else (), 0, row))
         return self._planned(slices) if slices else None
+
+    def _table(self, seq: Sequence) -> tuple[int, ...]:
+        """seq's block table as a tuple, rebuilt only when the list changed."""
+        bt, cached = seq.block_table, self._tables.get(seq.request_id)
+        if cached is None or cached[0] is not bt or len(cached[1]) != len(bt):
+            cached = self._tables[seq.request_id] = (bt, tuple(bt))
+        return cached[1]
 
     def _planned(self, slices: list[SeqSlice]) -> StepInput:
         """The step to run; in flight until its update (an empty one is never run)."""

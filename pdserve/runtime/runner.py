@@ -10,7 +10,7 @@ from types import ModuleType
 import torch
 
 from pdserve.core.kv_layout import KvLayout
-from pdserve.core.step_io import SeqSlice, StepInput, StepOutput
+from pdserve.core.step_io import PLACEHOLDER, SeqSlice, StepInput, StepOutput
 from pdserve.model.llama import AttnMetadata, LayerHook, LlamaModel
 from pdserve.model.loader import load_weights
 from pdserve.model.spec import ModelSpec
@@ -106,11 +106,10 @@ class ModelRunner:
         self.check(step)
         sampled = [s for s in step.seqs if s.sample]
         ids = [s.request_id for s in sampled]
-        if not sampled:
-            self._forward(step, sampled, layer_hook)
+        logits = self._forward(step, sampled, layer_hook)
+        if logits is None:
             self._prev_ids = []
             return LaunchedStep([], torch.empty(0, dtype=torch.int64), None)
-        logits = self._forward(step, sampled, layer_hook)
         tokens = sample_on_device(
             logits,
             [s.sampling for s in sampled],
@@ -177,7 +176,9 @@ class ModelRunner:
                 f"{end - 1} need {need}"
             )
         lo, hi = (toks[0], toks[0]) if len(toks) == 1 else (min(toks), max(toks))
-        if s.prev_row >= 0 and len(toks) == 1:
+        if s.prev_row >= 0:
+            if toks != (PLACEHOLDER,):
+                raise ValueError(f"{s.request_id}: prev_row set, so token_ids must be ({PLACEHOLDER},)")
             lo = hi = 0  # the placeholder: its token is checked where it was sampled
         if lo < 0 or hi >= self.spec.vocab_size:
             raise ValueError(f"{s.request_id}: token id outside the vocabulary")
