@@ -57,6 +57,7 @@ def attention(dt: str, cache_dt: str) -> None:
             "G": group, "G_PAD": 16, "S": 16, "D_PAD": 128, "BLOCK_N": 64,
             "SPLIT": split, "PRECISION": "tf32", "DOT_F32": False,
             "QUANT": quant, "EVEN_D": group != 7, "TILES": 2 if quant else 1,
+            "QK8": cache_dt == "fp8e4nv",
         }, num_warps=4, num_stages=2)
     compile_kernel(_merge_kernel, {"part_ptr": "*fp32", "lse_ptr": "*fp32", "out_ptr": f"*{dt}"},
                    {"P_PAD": 4, "D_PAD": 128})

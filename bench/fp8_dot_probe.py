@@ -1,0 +1,143 @@
+"""fp8 tensor-core dots for the fp8 paged decode attention (diagnostic, CUDA only).
+
+`python bench/fp8_dot_probe.py` times a stripped decode kernel (one program per sequence and KV
+head, no split-K) over an fp8 pool of the Llama-3.1-8B head shape, 256 x 4k, with switches:
+QK8: the query quantized to fp8 (per-row scale) and QK^T an fp8 dot (no K upcast); PV8: the
+probabilities times the V scales quantized to fp8 (per-tile scale) and P@V an fp8 dot (no V
+upcast); NOSCALE: per-token scales skipped (speed only). Upcasts use the kernels' PTX bit moves.
+err: max abs difference to the real fp8 kernel with K upcast (qk8=False). `--real`: only the
+real kernel, qk8 off and on (its default since 2026-12-04).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import torch
+import triton
+import triton.language as tl
+from triton.testing import do_bench
+
+from pdserve.kernels._attention import fp8_bits_to_fp16_ptx
+from pdserve.kernels.decode_attention import decode_with_partitions
+from pdserve.model.spec import ModelSpec
+from pdserve.runtime.kv_quant import allocate_quant_pool, layer_views
+
+HQ, HK, D, S = 32, 8, 128, 16
+
+
+@triton.jit
+def _kernel(
+    q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_ptr, lens_ptr, out_ptr,
+    stride_qb, stride_qh, stride_cn, stride_cs, stride_ch, stride_bt, stride_sn, stride_ss, stride_sh,
+    scale_log2, G: tl.constexpr, G_PAD: tl.constexpr, S: tl.constexpr, D: tl.constexpr,
+    BLOCK_N: tl.constexpr, QK8: tl.constexpr, PV8: tl.constexpr, NOSCALE: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    kvh = tl.program_id(1)
+    seq_len = tl.load(lens_ptr + b)
+    g = tl.arange(0, G_PAD)
+    d = tl.arange(0, D)
+    heads = kvh * G + g
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=(g < G)[:, None], other=0.0)
+    q = q.to(tl.float32)
+    qs = tl.maximum(tl.max(tl.abs(q), 1), 1e-6) / 448.0
+    if QK8:
+        q = (q / qs[:, None]).to(tl.float8e4nv)
+        qgain = qs * scale_log2
+    else:
+        q = q.to(tl.float16)
+        qgain = tl.full([G_PAD], 256.0, tl.float32) * scale_log2
+    m_i = tl.full([G_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([G_PAD], tl.float32)
+    acc = tl.zeros([G_PAD, D], tl.float32)
+    bt_row = bt_ptr + b * stride_bt
+    head_off = kvh * stride_ch + d
+    for t0 in range(0, seq_len, BLOCK_N):
+        t = t0 + tl.arange(0, BLOCK_N)
+        page = tl.load(bt_row + t // S).to(tl.int64)
+        slot = (t % S).to(tl.int64)
+        tok_off = page * stride_cn + slot * stride_cs
+        sc_off = page * stride_sn + slot * stride_ss + kvh * stride_sh
+        k = tl.load(kc_ptr + tok_off[None, :] + head_off[:, None])
+        if not QK8:
+            k = fp8_bits_to_fp16_ptx(k)
+        s = tl.dot(q, k) * qgain[:, None]
+        if not NOSCALE:
+            s = s * tl.load(ks_ptr + sc_off)[None, :]
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(vc_ptr + tok_off[:, None] + head_off[None, :])
+        if NOSCALE:
+            vs = tl.full([BLOCK_N], 1.0, tl.float32)
+        else:
+            vs = tl.load(vs_ptr + sc_off)
+        if PV8:
+            c = 256.0 / tl.max(vs, 0)
+            pv = tl.dot((p * (vs * c)[None, :]).to(tl.float8e4nv), v) / c
+        else:
+            pv = tl.dot((p * (vs * 256.0)[None, :]).to(tl.float16), fp8_bits_to_fp16_ptx(v))
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    o = acc / l_i[:, None]
+    tl.store(out_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :], o.to(out_ptr.dtype.element_ty),
+             mask=(g < G)[:, None])
+
+
+def probe(q, kc, vc, ks, vs, tables, lens, scale, *, qk8=False, pv8=False, noscale=False, block_n=128,
+          warps=4, stages=2, maxnreg=128) -> torch.Tensor:
+    out = torch.empty_like(q)
+    _kernel[(q.shape[0], HK)](
+        q, kc, vc, ks, vs, tables, lens, out,
+        q.stride(0), q.stride(1), kc.stride(0), kc.stride(1), kc.stride(2), tables.stride(0),
+        *ks.stride()[:3], scale * math.log2(math.e),
+        G=HQ // HK, G_PAD=16, S=S, D=D, BLOCK_N=block_n, QK8=qk8, PV8=pv8, NOSCALE=noscale,
+        num_warps=warps, num_stages=stages, **({"maxnreg": maxnreg} if maxnreg else {}))
+    return out
+
+
+def main() -> None:
+    spec = ModelSpec.from_config_dict({
+        "model_type": "llama", "hidden_size": HQ * D, "intermediate_size": 256, "num_hidden_layers": 1,
+        "num_attention_heads": HQ, "num_key_value_heads": HK, "vocab_size": 256})
+    scale = D ** -0.5
+    seqs, ctx = 256, 4096
+    need = ctx // S
+    pool = allocate_quant_pool(spec, seqs * need, S, "fp8_e4m3", "cuda")
+    views = layer_views(pool, 0, D)
+    for t in (views.k, views.v):
+        t.view(torch.uint8).copy_((torch.randn(t.shape, device="cuda") * 0.5).to(torch.float8_e4m3fn).view(torch.uint8))
+    views.k_scale.uniform_(0.05, 0.2)
+    views.v_scale.uniform_(0.005, 0.02)
+    tables = torch.randperm(seqs * need, device="cuda", dtype=torch.int32).view(seqs, need)
+    lens = torch.full((seqs,), ctx, dtype=torch.int32, device="cuda")
+    q = torch.randn(seqs, HQ, D, device="cuda", dtype=torch.bfloat16)
+    nbytes = seqs * ctx * HK * 2 * (D + 4)
+    args = (q, views.k, views.v, tables, lens, scale, ctx, views.k_scale, views.v_scale)
+    ref = decode_with_partitions(*args, qk8=False)  # K upcast, the query unrounded
+    mag = ref.float().abs().mean().item()
+    for qk8 in (False, True, False, True):
+        ms = do_bench(lambda: decode_with_partitions(*args, qk8=qk8), warmup=25, rep=200, return_mode="median")  # noqa: B023
+        err = (decode_with_partitions(*args, qk8=qk8).float() - ref.float()).abs().max().item()
+        print(f"real fp8 kernel qk8={qk8}: {ms:.3f} ms {nbytes / ms / 1e6:.0f} GB/s err {err:.2e} "
+              f"(mean |out| {mag:.3e})", flush=True)
+    if "--real" in sys.argv:
+        return
+    for kw in (dict(), dict(stages=3), dict(qk8=True), dict(pv8=True), dict(qk8=True, pv8=True),
+               dict(qk8=True, pv8=True, stages=3), dict(qk8=True, pv8=True, maxnreg=None),
+               dict(qk8=True, pv8=True, block_n=64), dict(qk8=True, pv8=True, block_n=256, warps=8),
+               dict(qk8=True, noscale=True), dict(qk8=True, pv8=True, noscale=True), dict()):
+        try:
+            fn = lambda: probe(q, views.k, views.v, views.k_scale, views.v_scale, tables, lens, scale, **kw)  # noqa: E731
+            err = (fn().float() - ref.float()).abs().max().item()
+            ms = do_bench(fn, warmup=25, rep=200, return_mode="median")
+            print(f"probe {kw}: {ms:.3f} ms {nbytes / ms / 1e6:.0f} GB/s err {err:.2e}", flush=True)
+        except Exception as e:  # noqa: BLE001 - a variant that does not compile is reported, not fatal
+            print(f"probe {kw}: failed {type(e).__name__}: {str(e)[:300]}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
