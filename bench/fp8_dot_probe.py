@@ -33,6 +33,7 @@ def _kernel(
     stride_qb, stride_qh, stride_cn, stride_cs, stride_ch, stride_bt, stride_sn, stride_ss, stride_sh,
     scale_log2, G: tl.constexpr, G_PAD: tl.constexpr, S: tl.constexpr, D: tl.constexpr,
     BLOCK_N: tl.constexpr, QK8: tl.constexpr, PV8: tl.constexpr, NOSCALE: tl.constexpr,
+    VCVT: tl.constexpr = 2,
 ):
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
@@ -79,7 +80,10 @@ def _kernel(
             c = 256.0 / tl.max(vs, 0)
             pv = tl.dot((p * (vs * c)[None, :]).to(tl.float8e4nv), v) / c
         else:
-            pv = tl.dot((p * (vs * 256.0)[None, :]).to(tl.float16), fp8_bits_to_fp16_ptx(v))
+            if VCVT == 2:
+                pv = tl.dot((p * (vs * 256.0)[None, :]).to(tl.float16), fp8_bits_to_fp16_ptx(v))
+            else:  # Triton's own convert (cvt.rn.f16x2.e4m3x2): true values, no 2^-8
+                pv = tl.dot((p * vs[None, :]).to(tl.float16), v.to(tl.float16))
         acc = acc * alpha[:, None] + pv
         m_i = m_new
     o = acc / l_i[:, None]
@@ -87,14 +91,87 @@ def _kernel(
              mask=(g < G)[:, None])
 
 
+@triton.jit
+def _bd_kernel(
+    q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_ptr, lens_ptr, out_ptr,
+    stride_qb, stride_qh, stride_cn, stride_cs, stride_ch, stride_bt, stride_sn, stride_ss, stride_sh,
+    scale_log2, G: tl.constexpr, J: tl.constexpr, S: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Block-diagonal query: the G heads' rows repeat J times (R = G * J = 16 dot rows, all
+    real), row block j dotting only the j-th run of BLOCK_N / J keys of a tile. So the scores
+    are [16, BLOCK_N / J] (J times fewer softmax elements than [16, BLOCK_N] of which only G rows
+    are real), each row an online-softmax stream of its own, merged per head at the end."""
+    R: tl.constexpr = G * J
+    TN: tl.constexpr = BLOCK_N // J
+    b = tl.program_id(0).to(tl.int64)
+    kvh = tl.program_id(1)
+    seq_len = tl.load(lens_ptr + b)
+    r = tl.arange(0, R)
+    c = tl.arange(0, J * D)
+    rg = r % G
+    rj = r // G
+    qmask = (c // D)[None, :] == rj[:, None]
+    q = tl.load(q_ptr + b * stride_qb + (kvh * G + rg)[:, None] * stride_qh + (c % D)[None, :], mask=qmask,
+                other=0.0).to(tl.float32)
+    gain = tl.maximum(tl.max(tl.abs(q), 1), 1e-12) / 448.0
+    q8 = (q / gain[:, None]).to(tl.float8e4nv)
+    qg = gain * scale_log2
+    m_i = tl.full([R], float("-inf"), tl.float32)
+    l_i = tl.zeros([R], tl.float32)
+    acc = tl.zeros([R, D], tl.float32)
+    bt_row = bt_ptr + b * stride_bt
+    jj = tl.arange(0, J)
+    nn = tl.arange(0, TN)
+    d = tl.arange(0, D)
+    head_off = kvh * stride_ch + d
+    for t0 in range(0, seq_len, BLOCK_N):
+        t2 = t0 + jj[:, None] * TN + nn[None, :]
+        page = tl.load(bt_row + t2 // S).to(tl.int64)
+        slot = (t2 % S).to(tl.int64)
+        tok = page * stride_cn + slot * stride_cs
+        sc = page * stride_sn + slot * stride_ss + kvh * stride_sh
+        k = tl.load(kc_ptr + tok[:, None, :] + head_off[None, :, None])
+        s = tl.dot(q8, tl.reshape(k, (J * D, TN)))
+        ks = tl.reshape(tl.broadcast_to(tl.load(ks_ptr + sc)[:, None, :], (J, G, TN)), (R, TN))
+        s = s * ks * qg[:, None]
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        vs = tl.reshape(tl.broadcast_to(tl.load(vs_ptr + sc)[:, None, :], (J, G, TN)), (R, TN))
+        p = p * (vs * 256.0)
+        pw = tl.where(jj[None, :, None] == rj[:, None, None], p[:, None, :], 0.0)
+        pw = tl.reshape(pw, (R, J * TN)).to(tl.float16)
+        v = tl.load(vc_ptr + tl.reshape(tok, (J * TN,))[:, None] + head_off[None, :])
+        acc = acc * alpha[:, None] + tl.dot(pw, fp8_bits_to_fp16_ptx(v))
+        m_i = m_new
+    m3 = tl.reshape(m_i, (J, G))
+    w = tl.exp2(m3 - tl.max(m3, 0)[None, :])
+    den = tl.sum(tl.reshape(l_i, (J, G)) * w, 0)
+    o = tl.sum(tl.reshape(acc, (J, G, D)) * w[:, :, None], 0) / den[:, None]
+    g = tl.arange(0, G)
+    tl.store(out_ptr + b * stride_qb + (kvh * G + g)[:, None] * stride_qh + d[None, :], o.to(out_ptr.dtype.element_ty))
+
+
+def probe_bd(q, kc, vc, ks, vs, tables, lens, scale, *, block_n=128, warps=4, stages=2, maxnreg=128):
+    out = torch.empty_like(q)
+    _bd_kernel[(q.shape[0], HK)](
+        q, kc, vc, ks, vs, tables, lens, out,
+        q.stride(0), q.stride(1), kc.stride(0), kc.stride(1), kc.stride(2), tables.stride(0),
+        *ks.stride()[:3], scale * math.log2(math.e),
+        G=HQ // HK, J=16 // (HQ // HK), S=S, D=D, BLOCK_N=block_n,
+        num_warps=warps, num_stages=stages, **({"maxnreg": maxnreg} if maxnreg else {}))
+    return out
+
+
 def probe(q, kc, vc, ks, vs, tables, lens, scale, *, qk8=False, pv8=False, noscale=False, block_n=128,
-          warps=4, stages=2, maxnreg=128) -> torch.Tensor:
+          warps=4, stages=2, maxnreg=128, vcvt=2) -> torch.Tensor:
     out = torch.empty_like(q)
     _kernel[(q.shape[0], HK)](
         q, kc, vc, ks, vs, tables, lens, out,
         q.stride(0), q.stride(1), kc.stride(0), kc.stride(1), kc.stride(2), tables.stride(0),
         *ks.stride()[:3], scale * math.log2(math.e),
-        G=HQ // HK, G_PAD=16, S=S, D=D, BLOCK_N=block_n, QK8=qk8, PV8=pv8, NOSCALE=noscale,
+        G=HQ // HK, G_PAD=16, S=S, D=D, BLOCK_N=block_n, QK8=qk8, PV8=pv8, NOSCALE=noscale, VCVT=vcvt,
         num_warps=warps, num_stages=stages, **({"maxnreg": maxnreg} if maxnreg else {}))
     return out
 
@@ -125,6 +202,31 @@ def main() -> None:
         print(f"real fp8 kernel qk8={qk8}: {ms:.3f} ms {nbytes / ms / 1e6:.0f} GB/s err {err:.2e} "
               f"(mean |out| {mag:.3e})", flush=True)
     if "--real" in sys.argv:
+        return
+    if "--vcvt" in sys.argv:
+        for kw in (dict(qk8=True), dict(qk8=True, vcvt=0), dict(qk8=True, vcvt=0, stages=3),
+                   dict(qk8=True, vcvt=0, maxnreg=None), dict(qk8=True), dict(qk8=True, vcvt=0)):
+            fn = lambda: probe(q, views.k, views.v, views.k_scale, views.v_scale, tables, lens, scale, **kw)  # noqa: E731
+            err = (fn().float() - ref.float()).abs().max().item()
+            ms = do_bench(fn, warmup=25, rep=200, return_mode="median")
+            print(f"probe {kw}: {ms:.3f} ms {nbytes / ms / 1e6:.0f} GB/s err {err:.2e}", flush=True)
+        return
+    if "--bd" in sys.argv:
+        for kw in (dict(), dict(block_n=256), dict(block_n=256, warps=8), dict(maxnreg=None), dict(stages=3),
+                   dict(block_n=64)):
+            try:
+                fn = lambda: probe_bd(q, views.k, views.v, views.k_scale, views.v_scale, tables, lens, scale, **kw)  # noqa: E731
+                err = (fn().float() - ref.float()).abs().max().item()
+                ms = do_bench(fn, warmup=25, rep=200, return_mode="median")
+                print(f"block-diagonal probe {kw}: {ms:.3f} ms {nbytes / ms / 1e6:.0f} GB/s err {err:.2e}", flush=True)
+            except Exception as e:  # noqa: BLE001 - a variant that does not compile is reported, not fatal
+                print(f"block-diagonal probe {kw}: failed {type(e).__name__}: {str(e)[:300]}", flush=True)
+        for kw in (dict(block_n=64), dict(block_n=256, num_warps=8), dict(max_registers=96), dict(max_registers=160),
+                   dict(max_registers=None), dict(num_stages=3), dict(num_stages=3, max_registers=None)):
+            fn = lambda: decode_with_partitions(*args, **kw)  # noqa: E731
+            err = (fn().float() - ref.float()).abs().max().item()
+            ms = do_bench(fn, warmup=25, rep=200, return_mode="median")
+            print(f"real fp8 kernel qk8 {kw}: {ms:.3f} ms {nbytes / ms / 1e6:.0f} GB/s err {err:.2e}", flush=True)
         return
     for kw in (dict(), dict(stages=3), dict(qk8=True), dict(pv8=True), dict(qk8=True, pv8=True),
                dict(qk8=True, pv8=True, stages=3), dict(qk8=True, pv8=True, maxnreg=None),

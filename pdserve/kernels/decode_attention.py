@@ -206,11 +206,12 @@ def decode_with_partitions(
     heads next to each other (its pages are read together; bf16 0.8 % faster at 256 x 4k on an
     H200, fp8 even, bench/results/fp8-probe-h200-2026-12-04-s9.log), else sequences first.
     max_registers caps the registers per thread (ptxas -maxnreg; more programs fit an SM).
-    qk8 (default: over fp8 caches): the query is quantized to fp8 per row and the scores are
-    fp8 dots of it with K as stored (reference.quantize_query); False upcasts K instead (the
-    kernel before 2026-12-04, kept to measure against)."""
+    qk8 (default: bf16/fp16 queries over fp8 caches): the query is quantized to fp8 per row and
+    the scores are fp8 dots of it with K as stored (reference.quantize_query); False upcasts K
+    instead (fp32 queries, and the kernel before 2026-12-04, kept to measure against)."""
     quant = check_scales(k_cache, k_scale, v_scale)
-    qk8 = (quant and k_cache.dtype == torch.float8_e4m3fn) if qk8 is None else qk8
+    if qk8 is None:
+        qk8 = quant and k_cache.dtype == torch.float8_e4m3fn and q.dtype != torch.float32
     assert not qk8 or k_cache.dtype == torch.float8_e4m3fn, "qk8 needs an fp8 e4m3 cache"
     group, d = check_attention_inputs(q, k_cache, v_cache, block_tables, quant)
     tiles = tiles or ("soft" if quant else "tail")

@@ -241,9 +241,11 @@ def paged_decode_attention(
     v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query per sequence (q [B, Hq, D]) over seq_lens[b] cached tokens. Over an fp8
-    cache the query is first rounded as quantize_query rounds it (the kernel dots fp8 rows)."""
+    cache, bf16/fp16 queries are first rounded as quantize_query rounds them (the kernel dots
+    fp8 rows); fp32 queries are taken as they are."""
     qsl = torch.arange(q.shape[0] + 1, dtype=torch.int32)
-    qd = quantize_query(q) if k_scale is not None and k_cache.dtype == torch.float8_e4m3fn else q
+    fp8_dot = k_scale is not None and k_cache.dtype == torch.float8_e4m3fn and q.dtype != torch.float32
+    qd = quantize_query(q) if fp8_dot else q
     return paged_prefill_attention(
         qd, k_cache, v_cache, block_tables, seq_lens, qsl, scale, k_scale, v_scale
     ).to(q.dtype)
