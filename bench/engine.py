@@ -152,13 +152,14 @@ def decode_figures(runner: ModelRunner, spec: ModelSpec, wbytes: int, kv_tok: in
     return out
 
 
-def loop_decode(runner: ModelRunner, spec: ModelSpec, batch: int, ctx: int, overlap: bool) -> float:
+def loop_decode(runner: ModelRunner, spec: ModelSpec, batch: int, ctx: int, overlap: bool,
+                temperature: float = 0.0, top_p: float = 1.0) -> float:
     """Decode tok/s of the whole engine loop (scheduler, staging, sampling, token events) on
     `batch` running sequences of `ctx` cached tokens: batch over the median gap between one
-    request's tokens, LOOP_STEPS steps, the first 8 left out."""
+    request's tokens, LOOP_STEPS steps, the first 8 left out. Greedy unless temperature > 0."""
     sched = Scheduler(SchedulerConfig(max_num_seqs=256, max_model_len=ctx + LOOP_STEPS + BS,
                                       enable_prefix_caching=False), BlockManager(runner.num_blocks, BS))
-    params = SamplingParams(temperature=0.0, max_tokens=LOOP_STEPS, ignore_eos=True)
+    params = SamplingParams(temperature=temperature, top_p=top_p, max_tokens=LOOP_STEPS, ignore_eos=True)
     stamps: list[float] = []
     ended = []
     loop = EngineLoop(sched, runner, overlap=overlap)
@@ -190,7 +191,16 @@ def loop_figures(runner: ModelRunner, spec: ModelSpec, wbytes: int, kv_tok: int,
     on128 = loop_decode(runner, spec, 1, 128, True)
     step_bytes = wbytes + kv_tok * (129 + LOOP_STEPS // 2)  # the context grows over the run
     return {"decode_loop_tok_s_by_batch": on, "decode_loop_plain_tok_s_by_batch": off,
+            **sampled_loop_figures(runner, spec),
             "decode_loop_bs1_ctx128": {"tok_s": on128, "roofline_ratio": step_bytes / (copy_gbps * 1e9) * on128}}
+
+
+def sampled_loop_figures(runner: ModelRunner, spec: ModelSpec) -> dict:
+    """Engine-loop decode at 1k context with temperature 1 and top-p 0.9 (every row drawn),
+    overlap on and off, at batch 1 and 256."""
+    return {f"decode_loop_sampled_{name}_tok_s_by_batch": {
+        str(b): loop_decode(runner, spec, b, 1024, overlap, temperature=1.0, top_p=0.9) for b in (1, 256)}
+        for name, overlap in (("overlap", True), ("plain", False))}
 
 
 def prefill_figures(runner: ModelRunner, spec: ModelSpec, wbytes: int, mm_tflops: float) -> dict:

@@ -14,12 +14,14 @@ rates unrepresentative of real text: the acceptance rate is reported beside each
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import os
 import random
 import statistics
 import time
+import types
 from pathlib import Path
 
 import torch
@@ -156,23 +158,40 @@ def decode_loop_speedup(layers: int = 16, n: int = 256, reps: int = 3) -> dict:
             "decode_loop_runs": runs}
 
 
+def k_upcast_ops() -> types.SimpleNamespace:
+    """The CUDA ops with the fp8 decode kernel of before 2026-12-04 (K upcast to fp16, the
+    query not rounded to fp8): the greedy-agreement baseline of the fp8 query."""
+    from pdserve.kernels import triton_ops
+
+    ops = types.SimpleNamespace(**{name: getattr(triton_ops, name) for name in triton_ops.__all__})
+    ops.paged_decode_attention = functools.partial(triton_ops.paged_decode_attention, qk8=False)
+    return ops
+
+
 def greedy_agreement() -> dict:
-    """Share of greedy tokens (position by position) of an fp8 pool equal to the bf16 run."""
+    """Share of greedy tokens (position by position) of an fp8 pool equal to the bf16 run, and
+    the mean position of a sequence's first differing token (64: none differ); the same for
+    the fp8 kernel that upcasts K and keeps the query unrounded (k_upcast)."""
     model_dir = os.environ.get("SMOLLM2_DIR")
     spec = ModelSpec.from_dir(Path(model_dir)) if model_dir else ModelSpec.from_config_dict(SMOLLM2)
     rng = random.Random(0)
     prompts = [[rng.randrange(spec.vocab_size) for _ in range(64)] for _ in range(16)]
     params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
     outs = {}
-    for kv in ("auto", "fp8_e4m3"):
+    for name, kv, ops in (("bf16", "auto", None), ("fp8", "fp8_e4m3", None), ("fp8_k_upcast", "fp8_e4m3", k_upcast_ops())):
         runner = ModelRunner(spec, model_dir, device="cuda", dtype=torch.bfloat16, num_blocks=512,
                              block_size=BS, load_format="auto" if model_dir else "dummy",
-                             enforce_eager=True, kv_cache_dtype=kv)
-        outs[kv] = generate(runner, prompts, params)
+                             enforce_eager=True, kv_cache_dtype=kv, ops=ops)
+        outs[name] = generate(runner, prompts, params)
         free(runner)
-    same = sum(a == b for x, y in zip(outs["auto"], outs["fp8_e4m3"]) for a, b in zip(x, y))
-    total = sum(len(x) for x in outs["auto"])
-    return {"greedy_agreement_fp8": same / total, "agreement_weights": "real" if model_dir else "dummy"}
+    res: dict = {"agreement_weights": "real" if model_dir else "dummy"}
+    for name, key in (("fp8", "fp8"), ("fp8_k_upcast", "fp8_k_upcast")):
+        pairs = list(zip(outs["bf16"], outs[name]))
+        same = sum(a == b for x, y in pairs for a, b in zip(x, y))
+        first = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), len(x)) for x, y in pairs]
+        res[f"greedy_agreement_{key}"] = same / sum(len(x) for x in outs["bf16"])
+        res[f"greedy_first_difference_mean_{key}"] = statistics.mean(first)
+    return res
 
 
 def lookup_prompts(n: int, vocab: int, length: int = 256) -> list[list[int]]:

@@ -162,17 +162,20 @@ def paged_decode_attention(
     scale: float,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    *,
+    qk8: bool | None = None,
 ) -> torch.Tensor:
     """One query per sequence (q [B, Hq, D]) over seq_lens[b] cached tokens.
 
     block_tables int32 [B, max_blocks], seq_lens int32 [B]; caches [N, S, Hk, D] may be layer
     views of a pool. Returns a new [B, Hq, D] tensor in q's dtype. With k_scale/v_scale
-    [N, S, Hk] float32, the caches are fp8/int8 and dequantized inside the kernel.
+    [N, S, Hk] float32, the caches are fp8/int8 and dequantized inside the kernel. qk8: see
+    decode_with_partitions (bf16/fp16 queries over fp8 caches are rounded to fp8 by default).
     """
     max_context = block_tables.shape[1] * k_cache.shape[1] if block_tables.dim() == 2 else 0
     part = default_partition_size(q.shape[0], k_cache.shape[2], max_context, q.device)
     return decode_with_partitions(
-        q, k_cache, v_cache, block_tables, seq_lens, scale, part, k_scale, v_scale
+        q, k_cache, v_cache, block_tables, seq_lens, scale, part, k_scale, v_scale, qk8=qk8
     )
 
 

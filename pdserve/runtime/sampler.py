@@ -55,20 +55,34 @@ def sample_on_device(
     """
     if all(p.greedy for p in params) and not (suppress and any(suppress)):
         return argmax_rows(logits)  # in the logits' dtype: upcasting changes no order
+    dev = logits.device
     logits = logits.float()
     if suppress is not None:
         rows = [b for b, ids in enumerate(suppress) for _ in ids]
         cols = [t for ids in suppress for t in ids]
         if rows:
             logits = logits.clone()  # masked in place; the caller's tensor stays intact
-            logits[rows, cols] = float("-inf")
-    out = argmax_rows(logits)
+            logits[to_device(rows, dev), to_device(cols, dev)] = float("-inf")
     rows = [b for b, p in enumerate(params) if not p.greedy]
-    if rows:
-        probs = token_probs(logits[rows], [params[b] for b in rows])
-        drawn = _draw(probs, [params[b].seed for b in rows], [positions[b] for b in rows], generator)
-        out[rows] = drawn
-    return out
+    if not rows:
+        return argmax_rows(logits)
+    seeds, pos = [params[b].seed for b in rows], [positions[b] for b in rows]
+    if len(rows) == len(params):  # all drawn: no gather, no scatter
+        return _draw(token_probs(logits, params), seeds, pos, generator)
+    out = argmax_rows(logits)
+    index = to_device(rows, dev)
+    probs = token_probs(logits.index_select(0, index), [params[b] for b in rows])
+    return out.index_copy_(0, index, _draw(probs, seeds, pos, generator))
+
+
+def to_device(values: Sequence[int] | Sequence[float], device: torch.device,
+              dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """A small host list as a tensor on `device` without waiting for the device: on CUDA it is
+    copied from pinned memory by a queued copy (a copy from pageable memory first waits for
+    every kernel queued on the stream, which would stall an overlapped engine loop on every
+    step with a sampled row)."""
+    host = torch.tensor(values, dtype=dtype, pin_memory=device.type == "cuda")
+    return host.to(device, non_blocking=True)
 
 
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
@@ -100,18 +114,18 @@ def _chunk(v: int) -> int | None:
 def token_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
     """Probabilities [B, V] after temperature, top-k and top-p (non-greedy params only)."""
     dev = logits.device
-    temps = torch.tensor([p.temperature for p in params], device=dev, dtype=logits.dtype)
+    temps = to_device([p.temperature for p in params], dev, logits.dtype)
     x = logits / temps[:, None]
     if all(p.top_k < 1 and p.top_p >= 1.0 for p in params):
         return x.softmax(dim=-1)
     v = x.shape[-1]
     sorted_x, idx = x.sort(dim=-1, descending=True)
-    ks = torch.tensor([p.top_k if p.top_k >= 1 else v for p in params], device=dev)
+    ks = to_device([p.top_k if p.top_k >= 1 else v for p in params], dev)
     ranks = torch.arange(v, device=dev)
     sorted_x.masked_fill_(ranks[None, :] >= ks[:, None], float("-inf"))
     sp = sorted_x.softmax(dim=-1)
     # top_p == 1 must keep everything, even where the cumulative sum rounds past 1.
-    top_p = torch.tensor([p.top_p if p.top_p < 1.0 else float("inf") for p in params], device=dev)
+    top_p = to_device([p.top_p if p.top_p < 1.0 else float("inf") for p in params], dev, torch.float32)
     # Drop a token once the mass before it reaches top_p; the most likely one always stays.
     sorted_x.masked_fill_((sp.cumsum(dim=-1) - sp) >= top_p[:, None], float("-inf"))
     filtered = torch.full_like(x, float("-inf")).scatter_(-1, idx, sorted_x)

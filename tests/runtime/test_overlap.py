@@ -5,6 +5,7 @@ aborts land where they would without overlap, and every block comes back (leak c
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import threading
 
@@ -226,3 +227,54 @@ def test_cuda_graph_loop_overlapped_equals_plain() -> None:
         placeholders.append(sum(s.prev_row >= 0 for st in launches for s in st.seqs))
     assert outs[0] == outs[1]
     assert placeholders[0] == 0 and placeholders[1] > 100
+
+
+@pytest.mark.gpu
+def test_cuda_graph_decode_launches_sampled_rows_without_host_sync() -> None:
+    """The deliverable 'no host synchronisation in a decode step other than reading the sampled
+    tokens' with sampled requests too: every decode launch of the overlapped loop (temperature,
+    top-k/top-p, seeds, a stop id suppressed before min_tokens, beside greedy rows) runs with
+    CUDA's synchronizing calls turned into errors, and every request still ends by length."""
+    import torch
+
+    spec = ModelSpec.from_config_dict(dict(
+        model_type="llama", hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, vocab_size=1000, max_position_embeddings=512,
+    ))
+    runner = ModelRunner(spec, None, device="cuda", dtype=torch.bfloat16, num_blocks=512, block_size=16,
+                         load_format="dummy", seed=1, max_model_len=512, max_num_seqs=16)
+    sched = Scheduler(SchedulerConfig(max_model_len=512, max_num_seqs=16), BlockManager(512, 16))
+    loop, got = EngineLoop(sched, runner, overlap=True), Collector()
+    checked = []
+    real_launch = runner.launch
+
+    def launch(step, hook=None):
+        if not all(len(s.token_ids) == 1 for s in step.seqs):
+            return real_launch(step, hook)  # prefill steps are not under the rule
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            out = real_launch(step, hook)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        checked.append(sum(not s.params.greedy for s in step.seqs if s.sample))
+        return out
+
+    runner.launch = launch
+    loop._launch = launch
+    kinds = [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=20, seed=3),
+             SamplingParams(temperature=1.0, top_p=0.8), SamplingParams(temperature=0.0),
+             SamplingParams(temperature=1.0, min_tokens=1, stop_token_ids=(5,))]
+    rng = random.Random(0)
+    for i in range(10):
+        kind, n = kinds[i % len(kinds)], 30 + 3 * i
+        # min_tokens = max_tokens: the stop id stays suppressed on every step, the length exact
+        params = dataclasses.replace(kind, max_tokens=n, min_tokens=n if kind.min_tokens else 0, ignore_eos=True)
+        loop.submit(Sequence(f"r{i}", [rng.randrange(1000) for _ in range(5 + 9 * i)], params), got.sink)
+    loop.start()
+    try:
+        got.wait(10)
+    finally:
+        loop.stop()
+    assert sched.blocks.num_free == sched.blocks.num_total
+    assert all(len(got.tokens[f"r{i}"]) == 30 + 3 * i for i in range(10)), {k: len(v) for k, v in got.tokens.items()}
+    assert len(checked) > 20 and sum(checked) > 100, checked

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from pdserve.core.sampling import SamplingParams
-from pdserve.runtime.sampler import argmax_rows, position_seed, sample_tokens, token_probs
+from pdserve.runtime.sampler import argmax_rows, position_seed, sample_on_device, sample_tokens, token_probs
 
 V = 50
 
@@ -111,3 +112,48 @@ def test_two_stage_argmax_equals_argmax_with_ties() -> None:
     x = torch.zeros(2, 128256)
     x[0, 128255], x[1, 1] = 1.0, 1.0  # the last index of the last chunk, and an early one
     assert argmax_rows(x).tolist() == [128255, 1]
+
+
+def test_mixed_batch_keeps_greedy_rows_and_masks_suppressed_ids() -> None:
+    """Greedy rows beside drawn ones stay argmax; suppressed ids are never picked; a batch of
+    only drawn rows (no gather/scatter) gives each row a token its filters allow."""
+    x = _logits(5, seed=3)
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, top_k=3),
+              SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, top_p=0.5, seed=7),
+              SamplingParams(temperature=0.0)]
+    top1 = x.argmax(-1).tolist()
+    suppress = [(), (), (top1[2],), (), ()]
+    for _ in range(20):
+        got = sample_tokens(x, params, list(range(5)), suppress)
+        assert got[0] == top1[0] and got[4] == top1[4]
+        assert got[2] == x[2].clone().index_fill_(0, torch.tensor([top1[2]]), float("-inf")).argmax().item()
+        assert got[1] in x[1].topk(3).indices.tolist()
+    drawn = sample_tokens(x, [SamplingParams(temperature=1.0, top_k=2)] * 5, list(range(5)))
+    assert all(t in x[b].topk(2).indices.tolist() for b, t in enumerate(drawn))
+
+
+def _gpu_sync_errors(fn):
+    """Run fn with CUDA's synchronizing calls turned into errors; return its result."""
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        return fn()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+
+
+@pytest.mark.gpu
+def test_sampling_queues_without_a_host_sync() -> None:
+    """Temperature, top-k/top-p, seeds and suppressed ids sample with no host synchronisation
+    (a pageable host-to-device copy waits for the stream: an overlapped loop would stall)."""
+    x = torch.randn(6, 1000, device="cuda") * 3
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=1.0),
+              SamplingParams(temperature=0.7, top_k=50), SamplingParams(temperature=1.0, top_p=0.9),
+              SamplingParams(temperature=1.0, seed=5), SamplingParams(temperature=0.0)]
+    suppress = [(), (3, 5), (), (), (7,), (int(x[5].argmax()),)]
+    for _ in range(2):  # the second round runs on warm pinned-memory and generator caches
+        mixed = _gpu_sync_errors(lambda: sample_on_device(x, params, list(range(6)), suppress))
+        drawn = _gpu_sync_errors(lambda: sample_on_device(x, [SamplingParams(temperature=1.0)] * 6, list(range(6))))
+    mixed, ref = mixed.tolist(), x.argmax(-1).tolist()
+    assert mixed[0] == ref[0] and mixed[5] != ref[5] and mixed[1] not in (3, 5) and mixed[4] != 7
+    assert len(drawn.tolist()) == 6
