@@ -62,7 +62,9 @@ def sample_on_device(
         cols = [t for ids in suppress for t in ids]
         if rows:
             logits = logits.clone()  # masked in place; the caller's tensor stays intact
-            logits[to_device(rows, dev), to_device(cols, dev)] = float("-inf")
+            # index_put_ with a device value: a Python scalar would be copied from host memory
+            logits.index_put_((to_device(rows, dev), to_device(cols, dev)),
+                              torch.full((), float("-inf"), device=dev))
     rows = [b for b, p in enumerate(params) if not p.greedy]
     if not rows:
         return argmax_rows(logits)
