@@ -134,11 +134,15 @@ class DecodeGraphs:
         host[2 * m : 3 * m] = -1  # slots: padding writes nowhere
         host[3 * m : 4 * m] = 1  # seq_lens: padding reads one token
         host[4 * m : 5 * m] = -1  # prev_rows: tokens given
-        self._host = host
         self._static = host.to(dev) if cuda else host  # CPU: the mirror is the buffer
+        # CUDA: two mirrors taken in turn, so staging a step never waits for the copy out of the
+        # mirror the step before it reads (still queued behind the step before that); the copy
+        # out of this one, two steps back, is done once that step's tokens were read.
+        self._mirrors = [host, host.clone().pin_memory()] if cuda else [host]
+        self._events = [torch.cuda.Event(), torch.cuda.Event()] if cuda else []
+        self._owners: list[list[tuple[str, tuple[int, ...]] | None]] = [[None] * m for _ in self._mirrors]
+        self._turn = 0
         self._qsl = torch.arange(m + 1, dtype=torch.int32, device=dev)
-        self._event = torch.cuda.Event() if cuda else None
-        self._rows: list[tuple[str, tuple[int, ...]] | None] = [None] * m  # mirror row owners
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._logits: dict[int, torch.Tensor] = {}
         if capture:
@@ -168,25 +172,28 @@ class DecodeGraphs:
         padded = padded_size(len(seqs), self.sizes)
         assert padded is not None, f"{len(seqs)} sequences exceed the captured {self.max_batch}"
         vec = int32_tensor(decode_vectors(seqs, self.block_size, padded)).view(5, padded)
-        owners, keys = self._rows, [(s.request_id, s.block_table) for s in seqs]
+        turn = self._turn
+        host, owners = self._mirrors[turn], self._owners[turn]
+        keys = [(s.request_id, s.block_table) for s in seqs]
         changed = [i for i, k in enumerate(keys) if owners[i] != k]
         for i in changed:
             bt = seqs[i].block_table[: self.width]
             if bt and (min(bt) < 0 or max(bt) >= self.num_blocks):
                 raise ValueError(f"{seqs[i].request_id}: block id outside the pool [0, {self.num_blocks})")
         m, big_w = self.max_batch, self.width
-        if self._event is not None:
-            self._event.synchronize()  # the previous copy out of the mirror has finished
-        self._host[: 5 * m].view(5, m)[:, :padded] = vec
-        tables = self._host[5 * m :].view(m, big_w)
+        if self._events and not self._events[turn].query():
+            self._events[turn].synchronize()  # only if the step two back was never read
+        host[: 5 * m].view(5, m)[:, :padded] = vec
+        tables = host[5 * m :].view(m, big_w)
         for i in changed:
             bt = keys[i][1][:big_w]
             tables[i, : len(bt)] = int32_tensor(bt)
             owners[i] = keys[i]
-        if self._event is not None:
+        if self._events:
             end = 5 * m + padded * big_w
-            self._static[:end].copy_(self._host[:end], non_blocking=True)
-            self._event.record()
+            self._static[:end].copy_(host[:end], non_blocking=True)
+            self._events[turn].record()
+            self._turn = 1 - turn
         return padded
 
     def _meta(self, b: int) -> AttnMetadata:

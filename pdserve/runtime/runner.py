@@ -17,7 +17,7 @@ from pdserve.model.spec import ModelSpec
 from pdserve.runtime.cuda_graph import DecodeGraphs
 from pdserve.runtime.kv_cache import allocate_kv_pool, kv_layout
 from pdserve.runtime.kv_quant import allocate_quant_pool, is_quantized, quant_kv_layout
-from pdserve.runtime.sampler import sample_on_device
+from pdserve.runtime.sampler import sample_on_device, to_device
 from pdserve.runtime.staging import HostStager, check_block_ids, flat_slot_mapping, fill_placeholders
 
 
@@ -133,7 +133,8 @@ class ModelRunner:
         if layer_hook is None and self.graphed(step):
             logits = self.graphs.run(step.seqs)
             if len(sampled) < len(step.seqs):
-                logits = logits[[i for i, s in enumerate(step.seqs) if s.sample]]
+                logits = logits.index_select(0, to_device([i for i, s in enumerate(step.seqs) if s.sample],
+                                                          logits.device))
             return logits
         ids, positions, meta = self._prepare(step.seqs)
         hidden = self.model.forward(ids, positions, meta, self.kv_pool, layer_hook)

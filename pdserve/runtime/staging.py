@@ -66,23 +66,31 @@ class HostStager:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self._cuda = device.type == "cuda"
-        self._pinned: torch.Tensor | None = None
-        self._event: torch.cuda.Event | None = None
+        # two pinned buffers in turn: refilling one never waits for the upload out of the other,
+        # queued behind the step in flight; this one's upload (two steps back) is long done
+        self._pinned: list[torch.Tensor | None] = [None, None]
+        self._events: list[torch.cuda.Event | None] = [None, None]
+        self._turn = 0
 
     def host_buffer(self, n: int) -> torch.Tensor:
         """A pinned int32 buffer of at least n entries, safe to overwrite now."""
-        if self._event is not None:
-            self._event.synchronize()  # only the previous upload, not the step behind it
-        if self._pinned is None or self._pinned.numel() < n:
-            size = max(1024, 1 << (n - 1).bit_length())
-            self._pinned = torch.empty(size, dtype=torch.int32, pin_memory=True)
-        return self._pinned
+        turn = self._turn
+        event = self._events[turn]
+        if event is not None and not event.query():
+            event.synchronize()  # only if the step two back was never waited for
+        buf = self._pinned[turn]
+        if buf is None or buf.numel() < n:
+            buf = self._pinned[turn] = torch.empty(max(1024, 1 << (n - 1).bit_length()), dtype=torch.int32,
+                                                   pin_memory=True)
+        return buf
 
     def copied(self) -> None:
-        """Record that the copies out of the pinned buffer have been queued."""
-        if self._event is None:
-            self._event = torch.cuda.Event()
-        self._event.record()
+        """Record that the copies out of the current pinned buffer have been queued."""
+        turn = self._turn
+        if self._events[turn] is None:
+            self._events[turn] = torch.cuda.Event()
+        self._events[turn].record()
+        self._turn = 1 - turn
 
     def upload(self, parts: list[list[int]]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """int32 tensors, one per list, built in one go: (device views, host views)."""
