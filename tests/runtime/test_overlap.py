@@ -256,7 +256,7 @@ def test_cuda_graph_decode_launches_sampled_rows_without_host_sync() -> None:
             out = real_launch(step, hook)
         finally:
             torch.cuda.set_sync_debug_mode(0)
-        checked.append(sum(not s.params.greedy for s in step.seqs if s.sample))
+        checked.append(sum(not s.sampling.greedy for s in step.seqs if s.sample))
         return out
 
     runner.launch = launch
