@@ -11,14 +11,15 @@ real kernel, qk8 off and on (its default since 2026-12-04).
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 
 import torch
 import triton
 import triton.language as tl
-from triton.testing import do_bench
 
+from fp8_probe import report  # bench/ is on sys.path when run as a script
 from pdserve.kernels._attention import fp8_bits_to_fp16_ptx
 from pdserve.kernels.decode_attention import decode_with_partitions
 from pdserve.model.spec import ModelSpec
@@ -195,50 +196,31 @@ def main() -> None:
     nbytes = seqs * ctx * HK * 2 * (D + 4)
     args = (q, views.k, views.v, tables, lens, scale, ctx, views.k_scale, views.v_scale)
     ref = decode_with_partitions(*args, qk8=False)  # K upcast, the query unrounded
-    mag = ref.float().abs().mean().item()
+    print(f"mean |out| {ref.float().abs().mean().item():.3e}", flush=True)
     for qk8 in (False, True, False, True):
-        ms = do_bench(lambda: decode_with_partitions(*args, qk8=qk8), warmup=25, rep=200, return_mode="median")  # noqa: B023
-        err = (decode_with_partitions(*args, qk8=qk8).float() - ref.float()).abs().max().item()
-        print(f"real fp8 kernel qk8={qk8}: {ms:.3f} ms {nbytes / ms / 1e6:.0f} GB/s err {err:.2e} "
-              f"(mean |out| {mag:.3e})", flush=True)
+        report(f"real fp8 kernel qk8={qk8}", functools.partial(decode_with_partitions, *args, qk8=qk8), ref, nbytes)
     if "--real" in sys.argv:
         return
+    run = lambda **kw: probe(q, views.k, views.v, views.k_scale, views.v_scale, tables, lens, scale, **kw)  # noqa: E731
     if "--vcvt" in sys.argv:
         for kw in (dict(qk8=True), dict(qk8=True, vcvt=0), dict(qk8=True, vcvt=0, stages=3),
                    dict(qk8=True, vcvt=0, maxnreg=None), dict(qk8=True), dict(qk8=True, vcvt=0)):
-            fn = lambda: probe(q, views.k, views.v, views.k_scale, views.v_scale, tables, lens, scale, **kw)  # noqa: E731
-            err = (fn().float() - ref.float()).abs().max().item()
-            ms = do_bench(fn, warmup=25, rep=200, return_mode="median")
-            print(f"probe {kw}: {ms:.3f} ms {nbytes / ms / 1e6:.0f} GB/s err {err:.2e}", flush=True)
+            report(f"probe {kw}", functools.partial(run, **kw), ref, nbytes)
         return
     if "--bd" in sys.argv:
         for kw in (dict(), dict(block_n=256), dict(block_n=256, warps=8), dict(maxnreg=None), dict(stages=3),
                    dict(block_n=64)):
-            try:
-                fn = lambda: probe_bd(q, views.k, views.v, views.k_scale, views.v_scale, tables, lens, scale, **kw)  # noqa: E731
-                err = (fn().float() - ref.float()).abs().max().item()
-                ms = do_bench(fn, warmup=25, rep=200, return_mode="median")
-                print(f"block-diagonal probe {kw}: {ms:.3f} ms {nbytes / ms / 1e6:.0f} GB/s err {err:.2e}", flush=True)
-            except Exception as e:  # noqa: BLE001 - a variant that does not compile is reported, not fatal
-                print(f"block-diagonal probe {kw}: failed {type(e).__name__}: {str(e)[:300]}", flush=True)
+            report(f"block-diagonal probe {kw}", functools.partial(
+                probe_bd, q, views.k, views.v, views.k_scale, views.v_scale, tables, lens, scale, **kw), ref, nbytes)
         for kw in (dict(block_n=64), dict(block_n=256, num_warps=8), dict(max_registers=96), dict(max_registers=160),
                    dict(max_registers=None), dict(num_stages=3), dict(num_stages=3, max_registers=None)):
-            fn = lambda: decode_with_partitions(*args, **kw)  # noqa: E731
-            err = (fn().float() - ref.float()).abs().max().item()
-            ms = do_bench(fn, warmup=25, rep=200, return_mode="median")
-            print(f"real fp8 kernel qk8 {kw}: {ms:.3f} ms {nbytes / ms / 1e6:.0f} GB/s err {err:.2e}", flush=True)
+            report(f"real fp8 kernel qk8 {kw}", functools.partial(decode_with_partitions, *args, **kw), ref, nbytes)
         return
     for kw in (dict(), dict(stages=3), dict(qk8=True), dict(pv8=True), dict(qk8=True, pv8=True),
                dict(qk8=True, pv8=True, stages=3), dict(qk8=True, pv8=True, maxnreg=None),
                dict(qk8=True, pv8=True, block_n=64), dict(qk8=True, pv8=True, block_n=256, warps=8),
                dict(qk8=True, noscale=True), dict(qk8=True, pv8=True, noscale=True), dict()):
-        try:
-            fn = lambda: probe(q, views.k, views.v, views.k_scale, views.v_scale, tables, lens, scale, **kw)  # noqa: E731
-            err = (fn().float() - ref.float()).abs().max().item()
-            ms = do_bench(fn, warmup=25, rep=200, return_mode="median")
-            print(f"probe {kw}: {ms:.3f} ms {nbytes / ms / 1e6:.0f} GB/s err {err:.2e}", flush=True)
-        except Exception as e:  # noqa: BLE001 - a variant that does not compile is reported, not fatal
-            print(f"probe {kw}: failed {type(e).__name__}: {str(e)[:300]}", flush=True)
+        report(f"probe {kw}", functools.partial(run, **kw), ref, nbytes)
 
 
 if __name__ == "__main__":

@@ -142,6 +142,17 @@ def probe(q, kc, vc, ks, vs, tables, lens, scale, *, kt=False, qk8=False, noscal
     return out
 
 
+def report(label: str, fn, ref: torch.Tensor, nbytes: int) -> None:
+    """Print fn's median time, bandwidth over nbytes and max abs error to ref; a variant that
+    does not compile (or runs out of resources) is reported, not fatal."""
+    try:
+        err = (fn().float() - ref.float()).abs().max().item()
+        ms = do_bench(fn, warmup=25, rep=200, return_mode="median")
+        print(f"{label}: {ms:.3f} ms {nbytes / ms / 1e6:.0f} GB/s err {err:.2e}", flush=True)
+    except Exception as e:  # noqa: BLE001
+        print(f"{label}: failed {type(e).__name__}: {str(e)[:300]}", flush=True)
+
+
 def main(quick: bool = False, sweep: bool = False, regs: bool = False) -> None:
     """quick: only the real kernel, over bf16 and fp8 pools, with each tiles= choice;
     sweep: also the real kernel's tile, warps and stages; regs: only the fp8 real kernel with
@@ -224,13 +235,8 @@ def main(quick: bool = False, sweep: bool = False, regs: bool = False) -> None:
                     dict(even=True, fuse=True, cvt=2, block_n=64), dict(even=True, fuse=True, cvt=2, block_n=256, warps=8),
                     dict(even=True, fuse=True, noscale=True), dict(even=True, fuse=True, cvt=2, noscale=True)]
         for kw in variants:
-            try:
-                fn = lambda: probe(q, views.k, views.v, views.k_scale, views.v_scale, tables, lens, scale, **kw)  # noqa: E731
-                err = (fn().float() - ref.float()).abs().max().item()
-                ms = do_bench(fn, warmup=25, rep=200, return_mode="median")
-                print(f"{seqs}x{ctx} probe {kw}: {ms:.3f} ms {nbytes / ms / 1e6:.0f} GB/s err {err:.2e}", flush=True)
-            except Exception as e:  # noqa: BLE001 - a variant that does not compile is reported, not fatal
-                print(f"{seqs}x{ctx} probe {kw}: failed {type(e).__name__}: {str(e)[:200]}", flush=True)
+            report(f"{seqs}x{ctx} probe {kw}", lambda: probe(q, views.k, views.v, views.k_scale,  # noqa: B023
+                   views.v_scale, tables, lens, scale, **kw), ref, nbytes)  # noqa: B023
 
 
 if __name__ == "__main__":
