@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from fp8_probe import report  # bench/ is on sys.path when run as a script
-from pdserve.kernels._attention import fp8_bits_to_fp16_ptx
+from pdserve.kernels._attention import fp8_bits_to_fp16_int, fp8_bits_to_fp16_ptx, round_e4m3
 from pdserve.kernels.decode_attention import decode_with_partitions
 from pdserve.model.spec import ModelSpec
 from pdserve.runtime.kv_quant import allocate_quant_pool, layer_views
@@ -154,6 +154,84 @@ def _bd_kernel(
     tl.store(out_ptr + b * stride_qb + (kvh * G + g)[:, None] * stride_qh + d[None, :], o.to(out_ptr.dtype.element_ty))
 
 
+@triton.jit
+def _mh_kernel(
+    q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_ptr, lens_ptr, out_ptr,
+    stride_qb, stride_qh, stride_cn, stride_cs, stride_bt, stride_sn, stride_ss, stride_sh,
+    scale_log2, G: tl.constexpr, H: tl.constexpr, S: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
+    INTERP: tl.constexpr,
+):
+    """H KV heads per program (their K/V rows are contiguous: one [H*D, N] tile): the query is
+    block-diagonal over the heads (row r = head r // G's query head r % G, zero outside its
+    head's D columns), so QK^T gives [G*H, N] scores with every row real and one softmax for
+    all H heads; P @ [N, H*D] V computes every head's rows against every head's V, and the
+    diagonal blocks are kept at the end. Needs sequences of whole tiles (a probe)."""
+    R: tl.constexpr = G * H
+    hg = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    seq_len = tl.load(lens_ptr + b)
+    r = tl.arange(0, R)
+    c = tl.arange(0, H * D)
+    rh = r // G
+    q = tl.load(q_ptr + b * stride_qb + (hg * R + r)[:, None] * stride_qh + (c % D)[None, :],
+                mask=(c // D)[None, :] == rh[:, None], other=0.0).to(tl.float32)
+    gain = tl.maximum(tl.max(tl.abs(q), 1), 1e-12) / 448.0
+    if INTERP:
+        q8 = round_e4m3(q / gain[:, None])
+    else:
+        q8 = (q / gain[:, None]).to(tl.float8e4nv)
+    qg = gain * scale_log2
+    m_i = tl.full([R], float("-inf"), tl.float32)
+    l_i = tl.zeros([R], tl.float32)
+    acc = tl.zeros([R, H * D], tl.float32)
+    bt_row = bt_ptr + b * stride_bt
+    head_off = hg * (H * D) + c  # heads contiguous in a token's row
+    sc_head = (hg * H + rh) * stride_sh
+    for t0 in range(0, seq_len, BLOCK_N):
+        t = t0 + tl.arange(0, BLOCK_N)
+        page = tl.load(bt_row + t // S).to(tl.int64)
+        slot = (t % S).to(tl.int64)
+        tok = page * stride_cn + slot * stride_cs
+        sc = (page * stride_sn + slot * stride_ss)[None, :] + sc_head[:, None]
+        k = tl.load(kc_ptr + tok[None, :] + head_off[:, None])
+        if INTERP:
+            s = tl.dot(q8, fp8_bits_to_fp16_int(k).to(tl.float32), input_precision="ieee") * 256.0
+        else:
+            s = tl.dot(q8, k)
+        s = s * tl.load(ks_ptr + sc) * qg[:, None]
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        p = p * (tl.load(vs_ptr + sc) * 256.0)
+        v = tl.load(vc_ptr + tok[:, None] + head_off[None, :])
+        if INTERP:
+            pv = tl.dot(p, fp8_bits_to_fp16_int(v).to(tl.float32), input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(tl.float16), fp8_bits_to_fp16_ptx(v))
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    o = tl.reshape(acc / l_i[:, None], (R, H, D))
+    o = tl.sum(tl.where(tl.arange(0, H)[None, :, None] == rh[:, None, None], o, 0.0), 1)
+    tl.store(out_ptr + b * stride_qb + (hg * R + r)[:, None] * stride_qh + tl.arange(0, D)[None, :],
+             o.to(out_ptr.dtype.element_ty))
+
+
+def probe_mh(q, kc, vc, ks, vs, tables, lens, scale, *, heads=4, block_n=64, warps=8, stages=2, maxnreg=None,
+             interp=False):
+    hk, d = kc.shape[2], kc.shape[3]
+    g = q.shape[1] // hk
+    assert kc.stride(2) == d and hk % heads == 0 and g * heads >= 16 or interp
+    out = torch.empty_like(q)
+    _mh_kernel[(hk // heads, q.shape[0])](
+        q, kc, vc, ks, vs, tables, lens, out,
+        q.stride(0), q.stride(1), kc.stride(0), kc.stride(1), tables.stride(0),
+        *ks.stride()[:3], scale * math.log2(math.e),
+        G=g, H=heads, S=kc.shape[1], D=d, BLOCK_N=block_n, INTERP=interp,
+        num_warps=warps, num_stages=stages, **({"maxnreg": maxnreg} if maxnreg else {}))
+    return out
+
+
 def probe_bd(q, kc, vc, ks, vs, tables, lens, scale, *, block_n=128, warps=4, stages=2, maxnreg=128):
     out = torch.empty_like(q)
     _bd_kernel[(q.shape[0], HK)](
@@ -197,6 +275,13 @@ def main() -> None:
     args = (q, views.k, views.v, tables, lens, scale, ctx, views.k_scale, views.v_scale)
     ref = decode_with_partitions(*args, qk8=False)  # K upcast, the query unrounded
     print(f"mean |out| {ref.float().abs().mean().item():.3e}", flush=True)
+    if "--mh" in sys.argv:  # the real kernel once, then H KV heads per program
+        report("real fp8 kernel qk8=True", functools.partial(decode_with_partitions, *args), ref, nbytes)
+        for kw in (dict(), dict(block_n=32), dict(warps=4), dict(warps=4, block_n=32), dict(block_n=128),
+                   dict(stages=3)):
+            report(f"multi-head probe {kw}", functools.partial(
+                probe_mh, q, views.k, views.v, views.k_scale, views.v_scale, tables, lens, scale, **kw), ref, nbytes)
+        return
     for qk8 in (False, True, False, True):
         report(f"real fp8 kernel qk8={qk8}", functools.partial(decode_with_partitions, *args, qk8=qk8), ref, nbytes)
     if "--real" in sys.argv:
