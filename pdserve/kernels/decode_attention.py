@@ -247,7 +247,7 @@ def decode_with_partitions(
         lse = torch.empty((b, hq, parts), dtype=torch.float32, device=q.device)
     else:
         dest, lse = out, out  # lse is unused without a split
-    d_pad = max(16, next_pow2(d))
+    d_pad = max(32 if qk8 else 16, next_pow2(d))  # an fp8 dot reduces over 32 at least
     ks, vs = (k_scale, v_scale) if quant else (k_cache, v_cache)
     grid = (hk, b, parts) if heads_first else (b, hk, parts)
     _decode_kernel[grid](

@@ -75,6 +75,18 @@ def test_decode_quantized_matches_reference(qdtype, dtype, partition) -> None:
 
 
 @pytest.mark.parametrize("qdtype", QDTYPES)
+def test_decode_quantized_head_dim_16(qdtype) -> None:
+    """A head dim below the fp8 dot's reduction minimum (32): the kernel pads it."""
+    lens_list, d, group = [5, 40], 16, 4
+    _, kv = _quant_pool(qdtype, d)
+    tables = make_block_tables(lens_list, BLOCK, NBLOCKS, width=4)
+    lens = torch.tensor(lens_list, dtype=torch.int32, device=DEVICE)
+    q = torch.randn(len(lens_list), HK * group, d, dtype=torch.bfloat16, device=DEVICE)
+    ref = reference.paged_decode_attention(q, kv.k, kv.v, tables, lens, 0.25, kv.k_scale, kv.v_scale)
+    assert_close(paged_decode_attention(q, kv.k, kv.v, tables, lens, 0.25, kv.k_scale, kv.v_scale), ref)
+
+
+@pytest.mark.parametrize("qdtype", QDTYPES)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_prefill_quantized_matches_reference(qdtype, dtype) -> None:
     lens_list, qlens, d, group = [5, 40, 17], [5, 3, 17], 32, 2
