@@ -93,10 +93,9 @@ async def _disaggregated(job: Job, router: Router, deadline: Deadline, tried: li
     with tracer().start_as_current_span("router.select") as span:
         prefill = await router.choose(lambda: router.pick_prefill(job.prompt, tuple(tried)))
         span.set_attribute("pdserve.prefill.address", prefill.address)
-    decode, target = await _reserve(job, router, deadline, tried)
+    decode, target = await _reserve(job, router, deadline, tried)  # counts itself in decode.inflight
     tried.extend((prefill, decode))  # a retry after a failed prefill or transfer avoids both
     done = False
-    decode.inflight += 1
     try:
         first = await _prefill(prefill, decode, worker_pb2.PrefillRequest(
             request_id=rid, prompt_token_ids=job.prompt, sampling=job.sampling, target=target),
@@ -139,22 +138,30 @@ async def _tokens(worker: Worker, rid: str, start, router: Router, deadline: Dea
 
 async def _reserve(job: Job, router: Router, deadline: Deadline,
                    tried: list[Worker]) -> tuple[Worker, worker_pb2.KvTarget]:
-    """A decode worker with room for the prompt: least loaded first, then the others, then wait."""
+    """A decode worker with room for the prompt: least loaded first, then the others, then wait.
+    The request counts in the worker's `inflight` from before its Reserve call (the caller takes
+    it off when the request ends), so a burst of arrivals ranks on the reservations in flight
+    and spreads over the workers instead of all ranking the same idle one first."""
     req = worker_pb2.ReserveRequest(request_id=job.request_id, num_tokens=len(job.prompt),
                                    prompt_token_ids=job.prompt)  # for the decode prefix cache
     give_up, pause = time.monotonic() + router.queue_wait_s, 0.02
     while True:
         for decode in await router.choose(lambda: router.ranked(router.decode, tuple(tried))):
+            decode.inflight += 1
             try:
                 with tracer().start_as_current_span("decode.reserve", attributes={
                         "pdserve.num_tokens": len(job.prompt), "pdserve.decode.address": decode.address}):
                     return decode, await decode.stub.Reserve(req, timeout=deadline.remaining(RESERVE_TIMEOUT_S))
             except grpc.aio.AioRpcError as e:
+                decode.inflight -= 1
                 if e.code() == grpc.StatusCode.UNAVAILABLE:
                     router.suspect(decode)
                     tried.append(decode)
                 if e.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
                     raise
+            except BaseException:  # the deadline, a cancelled request: not reserved after all
+                decode.inflight -= 1
+                raise
         if time.monotonic() >= give_up:
             raise GatewayError(grpc.StatusCode.RESOURCE_EXHAUSTED, "every decode KV pool is full; retry later",
                                retry_after_ms=FULL_RETRY_AFTER_MS)

@@ -74,7 +74,10 @@ class Router:
         self.prefill = [self._connect(a, worker_pb2_grpc.PrefillWorkerStub) for a in prefill]
         self.decode = [self._connect(a, worker_pb2_grpc.DecodeWorkerStub) for a in decode]
         self.colocated = [self._connect(a, worker_pb2_grpc.DecodeWorkerStub) for a in colocated]
-        self._turn = itertools.count()
+        # one turn counter per pool: a shared one advanced by both picks of each request (prefill,
+        # then decode) handed every decode ranking the same parity, so with two decode workers
+        # and equal loads all requests went to one of them
+        self._turns = {id(pool): itertools.count() for pool in (self.prefill, self.decode, self.colocated)}
         self.queue_wait_s = 30.0  # how long a request waits for room in a decode pool
         self.recheck: Callable[[], Awaitable[None]] | None = None  # set by the health monitor
 
@@ -96,7 +99,7 @@ class Router:
         candidates = [w for w in healthy if w not in exclude] or healthy
         if not candidates:
             raise NoWorker("no healthy worker available")
-        turn = next(self._turn)
+        turn = next(self._turns[id(pool)])
         load = (lambda w: (w.prefill_load(),)) if pool is self.prefill else (lambda w: w.decode_load())
         return sorted(candidates, key=lambda w: (*load(w), (w.order - turn) % len(pool)))
 
