@@ -243,6 +243,86 @@ def probe_bd(q, kc, vc, ks, vs, tables, lens, scale, *, block_n=128, warps=4, st
     return out
 
 
+@triton.jit
+def _vt_kernel(
+    q_ptr, kc_ptr, vt_ptr, ks_ptr, vs_ptr, bt_ptr, lens_ptr, out_ptr,
+    stride_qb, stride_qh, stride_cn, stride_cs, stride_ch, stride_vn, stride_vh, stride_bt,
+    stride_sn, stride_ss, stride_sh, scale_log2,
+    G: tl.constexpr, G_PAD: tl.constexpr, S: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
+    INTERP: tl.constexpr,
+):
+    """Both dots in fp8, nothing upcast: the query rounded to fp8 for QK^T, and V read from a
+    transposed copy of the cache (per page and head: D rows of S tokens) so that its tile is
+    reduction-major, as an fp8 tensor-core operand must be; P (times the V scales, scaled per
+    tile to e4m3's range) rounded to fp8 for P @ V. Sequences of whole tiles (a probe)."""
+    b = tl.program_id(0).to(tl.int64)
+    kvh = tl.program_id(1)
+    seq_len = tl.load(lens_ptr + b)
+    g = tl.arange(0, G_PAD)
+    d = tl.arange(0, D)
+    heads = kvh * G + g
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=(g < G)[:, None],
+                other=0.0).to(tl.float32)
+    gain = tl.maximum(tl.max(tl.abs(q), 1), 1e-12) / 448.0
+    if INTERP:
+        q8 = round_e4m3(q / gain[:, None])
+    else:
+        q8 = (q / gain[:, None]).to(tl.float8e4nv)
+    qg = gain * scale_log2
+    m_i = tl.full([G_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([G_PAD], tl.float32)
+    acc = tl.zeros([G_PAD, D], tl.float32)
+    bt_row = bt_ptr + b * stride_bt
+    for t0 in range(0, seq_len, BLOCK_N):
+        t = tl.multiple_of(t0, BLOCK_N) + tl.arange(0, BLOCK_N)
+        page = tl.load(bt_row + t // S).to(tl.int64)
+        slot = (t % S).to(tl.int64)
+        sc = page * stride_sn + slot * stride_ss + kvh * stride_sh
+        k = tl.load(kc_ptr + (page * stride_cn + slot * stride_cs)[None, :] + (kvh * stride_ch + d)[:, None])
+        if INTERP:
+            s = tl.dot(q8, fp8_bits_to_fp16_int(k).to(tl.float32), input_precision="ieee") * 256.0
+        else:
+            s = tl.dot(q8, k)
+        s = s * tl.load(ks_ptr + sc)[None, :] * qg[:, None]
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        vs = tl.load(vs_ptr + sc)
+        c = 256.0 / tl.max(vs, 0)
+        pv = p * (vs * c)[None, :]
+        vt_off = tl.max_contiguous(tl.multiple_of(page * stride_vn + slot, S), S)
+        vt = tl.load(vt_ptr + vt_off[None, :] + (kvh * stride_vh + d * S)[:, None])  # [D, N]
+        if INTERP:
+            o = tl.dot(round_e4m3(pv), tl.trans(fp8_bits_to_fp16_int(vt).to(tl.float32)), input_precision="ieee")
+            o = o * 256.0
+        else:
+            o = tl.dot(pv.to(tl.float8e4nv), tl.trans(vt))
+        acc = acc * alpha[:, None] + o / c
+        m_i = m_new
+    o = acc / l_i[:, None]
+    tl.store(out_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :], o.to(out_ptr.dtype.element_ty),
+             mask=(g < G)[:, None])
+
+
+def transposed_v(v: torch.Tensor) -> torch.Tensor:
+    """The V values [N, S, Hk, D] as the V^T cache _vt_kernel reads: [N, Hk, D, S], contiguous."""
+    return v.permute(0, 2, 3, 1).contiguous()
+
+
+def probe_vt(q, kc, vt, ks, vs, tables, lens, scale, *, block_n=128, warps=4, stages=2, maxnreg=None,
+             interp=False):
+    hk, d, s_ = kc.shape[2], kc.shape[3], kc.shape[1]
+    out = torch.empty_like(q)
+    _vt_kernel[(q.shape[0], hk)](
+        q, kc, vt, ks, vs, tables, lens, out,
+        q.stride(0), q.stride(1), kc.stride(0), kc.stride(1), kc.stride(2), vt.stride(0), vt.stride(1),
+        tables.stride(0), *ks.stride()[:3], scale * math.log2(math.e),
+        G=q.shape[1] // hk, G_PAD=max(16, q.shape[1] // hk), S=s_, D=d, BLOCK_N=block_n, INTERP=interp,
+        num_warps=warps, num_stages=stages, **({"maxnreg": maxnreg} if maxnreg else {}))
+    return out
+
+
 def probe(q, kc, vc, ks, vs, tables, lens, scale, *, qk8=False, pv8=False, noscale=False, block_n=128,
           warps=4, stages=2, maxnreg=128, vcvt=2) -> torch.Tensor:
     out = torch.empty_like(q)
@@ -275,6 +355,14 @@ def main() -> None:
     args = (q, views.k, views.v, tables, lens, scale, ctx, views.k_scale, views.v_scale)
     ref = decode_with_partitions(*args, qk8=False)  # K upcast, the query unrounded
     print(f"mean |out| {ref.float().abs().mean().item():.3e}", flush=True)
+    if "--vt" in sys.argv:  # the real kernel once, then both dots in fp8 over a V^T copy
+        vt = transposed_v(views.v)
+        report("real fp8 kernel qk8=True", functools.partial(decode_with_partitions, *args), ref, nbytes)
+        for kw in (dict(), dict(maxnreg=128), dict(block_n=64), dict(block_n=256, warps=8), dict(stages=3),
+                   dict(warps=8)):
+            report(f"V^T fp8-dots probe {kw}", functools.partial(
+                probe_vt, q, views.k, vt, views.k_scale, views.v_scale, tables, lens, scale, **kw), ref, nbytes)
+        return
     if "--mh" in sys.argv:  # the real kernel once, then H KV heads per program
         report("real fp8 kernel qk8=True", functools.partial(decode_with_partitions, *args), ref, nbytes)
         for kw in (dict(), dict(block_n=32), dict(warps=4), dict(warps=4, block_n=32), dict(block_n=128),

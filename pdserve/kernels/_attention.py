@@ -55,8 +55,13 @@ def query_for(q, QUANT: tl.constexpr, DOT_F32: tl.constexpr):
 def quantize_query(q, DOT_F32: tl.constexpr):
     """Rows of q [M, D] as fp8 e4m3 and their float32 gains (q ~ q8 * gain): each row scaled
     so that its largest magnitude is 448, e4m3's largest. Over an fp8 cache the decode kernel
-    then dots q8 with the stored K tile on the tensor cores with no upcast of K (an H200 spent
-    about a third of the fp8 kernel's instructions upcasting tiles; bench/fp8_dot_probe.py).
+    then writes QK^T as an fp8 x fp8 dot with the stored K tile. For 16-row dots on sm_90
+    Triton (3.6, SASS compiled offline) lowers that to f16 MMAs fed by the hardware e4m3->f16
+    convert (F2FP, two values an instruction) of the operands after their shared-memory load:
+    K stays fp8 until then, and no PTX bit moves (about five instructions per two values) are
+    spent on it. An H200 spent about a third of the kernel's instructions on those bit moves
+    (bench/results/ncu-sass-h200-2026-12-04-s11.log); with this dot the kernel is 5-8 % faster
+    (bench/fp8_dot_probe.py).
     reference.quantize_query is the torch twin. Interpreted (DOT_F32), the same rounded values
     come back as float32 (rounded by round_e4m3)."""
     q = q.to(tl.float32)
@@ -172,7 +177,7 @@ def attend_tile(
     multiplies score columns and the V scale the probabilities, so tiles are only upcast
     (exactly, see upcast) and no dequantized copy is ever written.
     QK8 (fp8 caches): q holds quantize_query's rows and q_gain [M] their gains; on GPUs the
-    score dot takes the fp8 K tile as stored (fp8 x fp8 -> fp32 on the tensor cores).
+    score dot takes the fp8 K tile as stored (an fp8 x fp8 dot: see quantize_query).
     """
     if (MASK_T == 1) and MASK_D:
         kmask = dmask[:, None] & tmask[None, :]

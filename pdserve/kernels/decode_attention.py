@@ -210,7 +210,8 @@ def decode_with_partitions(
     H200, fp8 even, bench/results/fp8-probe-h200-2026-12-04-s9.log), else sequences first.
     max_registers caps the registers per thread (ptxas -maxnreg; more programs fit an SM).
     qk8 (default: bf16/fp16 queries over fp8 caches): the query is quantized to fp8 per row and
-    the scores are fp8 dots of it with K as stored (reference.quantize_query); False upcasts K
+    the scores are fp8 x fp8 dots of it with K as stored (see _attention.quantize_query and
+    reference.quantize_query); False upcasts K
     instead (fp32 queries, and the kernel before 2026-12-04, kept to measure against)."""
     quant = check_scales(k_cache, k_scale, v_scale)
     if qk8 is None:
