@@ -159,12 +159,12 @@ def decode_loop_speedup(layers: int = 16, n: int = 256, reps: int = 3) -> dict:
 
 
 def k_upcast_ops() -> types.SimpleNamespace:
-    """The CUDA ops with the fp8 decode kernel of before 2026-12-04 (K upcast to fp16, the
-    query not rounded to fp8): the greedy-agreement baseline of the fp8 query."""
+    """The CUDA ops with the fp8 decode kernel of before 2026-12-04 (K upcast by PTX bit moves):
+    the greedy-agreement baseline of the default kernel."""
     from pdserve.kernels import triton_ops
 
     ops = types.SimpleNamespace(**{name: getattr(triton_ops, name) for name in triton_ops.__all__})
-    ops.paged_decode_attention = functools.partial(triton_ops.paged_decode_attention, qk8=False)
+    ops.paged_decode_attention = functools.partial(triton_ops.paged_decode_attention, k_convert=False)
     return ops
 
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-QUERY_MIN_ABS = tl.constexpr(1e-12)  # a row of zeros (GQA padding) keeps a finite gain
-
 
 @triton.jit
 def _ld(ptr, mask, MASKED: tl.constexpr):
@@ -49,40 +47,6 @@ def query_for(q, QUANT: tl.constexpr, DOT_F32: tl.constexpr):
     if QUANT and not DOT_F32 and q.dtype == tl.bfloat16:
         q = q.to(tl.float16)
     return q
-
-
-@triton.jit
-def quantize_query(q, DOT_F32: tl.constexpr):
-    """Rows of q [M, D] as fp8 e4m3 and their float32 gains (q ~ q8 * gain): each row scaled
-    so that its largest magnitude is 448, e4m3's largest. Over an fp8 cache the decode kernel
-    then writes QK^T as an fp8 x fp8 dot with the stored K tile. For 16-row dots on sm_90
-    Triton (3.6, SASS compiled offline) lowers that to f16 MMAs fed by the hardware e4m3->f16
-    convert (F2FP, two values an instruction) of the operands after their shared-memory load:
-    K stays fp8 until then, and no PTX bit moves (about five instructions per two values) are
-    spent on it. An H200 spent about a third of the kernel's instructions on those bit moves
-    (bench/results/ncu-sass-h200-2026-12-04-s11.log); with this dot the kernel is 5-8 % faster
-    (bench/fp8_dot_probe.py).
-    reference.quantize_query is the torch twin. Interpreted (DOT_F32), the same rounded values
-    come back as float32 (rounded by round_e4m3)."""
-    q = q.to(tl.float32)
-    gain = tl.maximum(tl.max(tl.abs(q), 1), QUERY_MIN_ABS) / 448.0
-    if DOT_F32:
-        q8 = round_e4m3(q / gain[:, None])
-    else:
-        q8 = (q / gain[:, None]).to(tl.float8e4nv)
-    return q8, gain
-
-
-@triton.jit
-def round_e4m3(x):
-    """float32 x (|x| <= 448) rounded to the nearest fp8 e4m3 value (ties to even), as float32,
-    by integer ops: Triton's interpreter rounds wrongly when a rounding carries into the next
-    exponent (-127.9 -> -64). Normals keep 3 mantissa bits; below 2^-6 (e4m3's subnormals)
-    the step is 2^-9, which adding and taking back 1.5 * 2^14 rounds to in float32."""
-    u = x.to(tl.uint32, bitcast=True)
-    normal = ((u + 0x7FFFF + ((u >> 20) & 1)) & 0xFFF00000).to(tl.float32, bitcast=True)
-    tiny = (x + 24576.0) - 24576.0
-    return tl.where(tl.abs(x) < 0.015625, tiny, normal)
 
 
 @triton.jit
@@ -161,7 +125,7 @@ def attend_tile(
     q, kc_ptr, vc_ptr, tok_off, head_off, dmask, tmask, valid,
     m_i, l_i, acc, scale_log2, PRECISION: tl.constexpr, DOT_F32: tl.constexpr,
     ks_ptr, vs_ptr, sc_off, QUANT: tl.constexpr, MASK_T: tl.constexpr, MASK_D: tl.constexpr,
-    q_gain=1.0, QK8: tl.constexpr = False,
+    K_CVT: tl.constexpr = False,
 ):
     """One online-softmax step of rows q [M, D] over a KV tile (log2 domain, fp32 state).
 
@@ -176,8 +140,13 @@ def attend_tile(
     QUANT: K/V are fp8/int8 with per-token scales at ks_ptr/vs_ptr + sc_off [N]; the K scale
     multiplies score columns and the V scale the probabilities, so tiles are only upcast
     (exactly, see upcast) and no dequantized copy is ever written.
-    QK8 (fp8 caches): q holds quantize_query's rows and q_gain [M] their gains; on GPUs the
-    score dot takes the fp8 K tile as stored (an fp8 x fp8 dot: see quantize_query).
+    K_CVT (fp8 caches, fp16 queries, GPUs): the K tile goes into the score dot through Triton's
+    own convert (k.to(float16)), which Triton 3.6 places after the tile's shared-memory load, in
+    the dot operand's layout: one hardware e4m3->f16 instruction per two values (F2FP), where
+    upcast's PTX bit moves cost about five and made a third of the kernel's instructions
+    (bench/results/ncu-sass-h200-2026-12-04-s11.log). The V tile, whose reduction dim (tokens)
+    is not its contiguous one, keeps upcast: Triton's convert placed there was slower
+    (bench/results/fp8-dot-probe-h200-2026-12-04-s11.log).
     """
     if (MASK_T == 1) and MASK_D:
         kmask = dmask[:, None] & tmask[None, :]
@@ -187,15 +156,13 @@ def attend_tile(
         kmask = dmask[:, None]
     k = _ld(kc_ptr + tok_off[None, :] + head_off[:, None], kmask, (MASK_T == 1) or MASK_D)
     if QUANT:
-        if QK8 and not DOT_F32:
-            s = tl.dot(q, k)
+        if K_CVT and not DOT_F32:
             k_gain = 1.0
+            s = mm(q, k.to(tl.float16), PRECISION, DOT_F32)
         else:
             k_gain = upcast_gain(k)
             s = mm(q, upcast(k, q.dtype, DOT_F32), PRECISION, DOT_F32)
         s = s * (_ld(ks_ptr + sc_off, tmask, (MASK_T == 1)) * (scale_log2 * k_gain))[None, :]
-        if QK8:
-            s = s * q_gain[:, None]
     else:
         s = mm(q, k, PRECISION, DOT_F32) * scale_log2
     if MASK_T != 0:
@@ -214,10 +181,7 @@ def attend_tile(
     pv = p
     if QUANT:
         v_gain = upcast_gain(v)
-        if QK8:  # q is fp8 there: V upcasts to fp16 as over any fp8 cache
-            v = upcast(v, tl.float16, DOT_F32)
-        else:
-            v = upcast(v, q.dtype, DOT_F32)
+        v = upcast(v, q.dtype, DOT_F32)
         vs = _ld(vs_ptr + sc_off, tmask, (MASK_T == 1))
         if MASK_T == 2:
             vs = tl.where(tmask, vs, 0.0)  # p is 0 there, but a stray scale may be inf/NaN

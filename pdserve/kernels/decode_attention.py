@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pdserve.kernels._attention import attend_tile, paged_offsets, quantize_query, query_for
+from pdserve.kernels._attention import attend_tile, paged_offsets, query_for
 from pdserve.kernels._common import check_attention_inputs, check_device, check_dim, check_dtype
 from pdserve.kernels._common import check_scales
 from pdserve.kernels._common import dot_precision, interpreting, next_pow2, num_sms
@@ -33,7 +33,7 @@ def _attend_from(
     t0, end, last_page, q, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_row, head_off, dmask, kvh,
     m_i, l_i, acc, stride_cn, stride_cs, stride_sn, stride_ss, stride_sh, scale_log2,
     S: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, DOT_F32: tl.constexpr,
-    QUANT: tl.constexpr, MASK_T: tl.constexpr, MASK_D: tl.constexpr, q_gain, QK8: tl.constexpr,
+    QUANT: tl.constexpr, MASK_T: tl.constexpr, MASK_D: tl.constexpr, K_CVT: tl.constexpr,
 ):
     """attend_tile over the BLOCK_N tokens from t0 (those before `end` valid) of one sequence."""
     t = t0 + tl.arange(0, BLOCK_N)
@@ -43,7 +43,7 @@ def _attend_from(
     return attend_tile(
         q, kc_ptr, vc_ptr, tok_off, head_off, dmask, tmask, tmask[None, :],
         m_i, l_i, acc, scale_log2, PRECISION, DOT_F32, ks_ptr, vs_ptr, sc_off, QUANT,
-        MASK_T, MASK_D, q_gain, QK8,
+        MASK_T, MASK_D, K_CVT,
     )
 
 
@@ -56,7 +56,7 @@ def _decode_kernel(
     G: tl.constexpr, G_PAD: tl.constexpr, S: tl.constexpr,
     D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
     PRECISION: tl.constexpr, DOT_F32: tl.constexpr, QUANT: tl.constexpr,
-    EVEN_D: tl.constexpr, TILES: tl.constexpr, HEADS_FIRST: tl.constexpr, QK8: tl.constexpr,
+    EVEN_D: tl.constexpr, TILES: tl.constexpr, HEADS_FIRST: tl.constexpr, K_CVT: tl.constexpr,
 ):
     if HEADS_FIRST:  # a sequence's KV heads run side by side: its pages are read together
         kvh = tl.program_id(0)
@@ -75,11 +75,7 @@ def _decode_kernel(
     heads = kvh * G + g
     qmask = gmask[:, None] & dmask[None, :]
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=qmask, other=0.0)
-    if QK8:
-        q, q_gain = quantize_query(q, DOT_F32)
-    else:
-        q = query_for(q, QUANT, DOT_F32)
-        q_gain = 1.0
+    q = query_for(q, QUANT, DOT_F32)
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, D_PAD], tl.float32)
@@ -96,19 +92,19 @@ def _decode_kernel(
             m_i, l_i, acc = _attend_from(
                 t0, end, last_page, q, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_row, head_off, dmask, kvh,
                 m_i, l_i, acc, stride_cn, stride_cs, stride_sn, stride_ss, stride_sh, scale_log2,
-                S, BLOCK_N, PRECISION, DOT_F32, QUANT, 2, not EVEN_D, q_gain, QK8)
+                S, BLOCK_N, PRECISION, DOT_F32, QUANT, 2, not EVEN_D, K_CVT)
     else:  # whole tiles unmasked (TILES 1) or masked (0), then a masked tail
         full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
         for t0 in range(start, full_end, BLOCK_N):
             m_i, l_i, acc = _attend_from(
                 t0, end, last_page, q, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_row, head_off, dmask, kvh,
                 m_i, l_i, acc, stride_cn, stride_cs, stride_sn, stride_ss, stride_sh, scale_log2,
-                S, BLOCK_N, PRECISION, DOT_F32, QUANT, 1 - TILES, not EVEN_D, q_gain, QK8)
+                S, BLOCK_N, PRECISION, DOT_F32, QUANT, 1 - TILES, not EVEN_D, K_CVT)
         if full_end < end:
             m_i, l_i, acc = _attend_from(
                 full_end, end, last_page, q, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_row, head_off, dmask, kvh,
                 m_i, l_i, acc, stride_cn, stride_cs, stride_sn, stride_ss, stride_sh, scale_log2,
-                S, BLOCK_N, PRECISION, DOT_F32, QUANT, 1, not EVEN_D, q_gain, QK8)
+                S, BLOCK_N, PRECISION, DOT_F32, QUANT, 1, not EVEN_D, K_CVT)
     has = l_i > 0
     o = acc / tl.where(has, l_i, 1.0)[:, None]
     dst = out_ptr + b * stride_ob + heads[:, None] * stride_oh + part * stride_op + d[None, :]
@@ -163,19 +159,19 @@ def paged_decode_attention(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     *,
-    qk8: bool | None = None,
+    k_convert: bool | None = None,
 ) -> torch.Tensor:
     """One query per sequence (q [B, Hq, D]) over seq_lens[b] cached tokens.
 
     block_tables int32 [B, max_blocks], seq_lens int32 [B]; caches [N, S, Hk, D] may be layer
     views of a pool. Returns a new [B, Hq, D] tensor in q's dtype. With k_scale/v_scale
-    [N, S, Hk] float32, the caches are fp8/int8 and dequantized inside the kernel. qk8: see
-    decode_with_partitions (bf16/fp16 queries over fp8 caches are rounded to fp8 by default).
+    [N, S, Hk] float32, the caches are fp8/int8 and dequantized inside the kernel. k_convert:
+    see decode_with_partitions.
     """
     max_context = block_tables.shape[1] * k_cache.shape[1] if block_tables.dim() == 2 else 0
     part = default_partition_size(q.shape[0], k_cache.shape[2], max_context, q.device)
     return decode_with_partitions(
-        q, k_cache, v_cache, block_tables, seq_lens, scale, part, k_scale, v_scale, qk8=qk8
+        q, k_cache, v_cache, block_tables, seq_lens, scale, part, k_scale, v_scale, k_convert=k_convert
     )
 
 
@@ -196,7 +192,7 @@ def decode_with_partitions(
     tiles: str | None = None,
     heads_first: bool = True,
     max_registers: int | None = None,
-    qk8: bool | None = None,
+    k_convert: bool | None = None,
 ) -> torch.Tensor:
     """paged_decode_attention with an explicit split-K partition size (power of two >= 16):
     the partition count is the table's token width over it, and each sequence spreads over
@@ -209,14 +205,14 @@ def decode_with_partitions(
     heads next to each other (its pages are read together; bf16 0.8 % faster at 256 x 4k on an
     H200, fp8 even, bench/results/fp8-probe-h200-2026-12-04-s9.log), else sequences first.
     max_registers caps the registers per thread (ptxas -maxnreg; more programs fit an SM).
-    qk8 (default: bf16/fp16 queries over fp8 caches): the query is quantized to fp8 per row and
-    the scores are fp8 x fp8 dots of it with K as stored (see _attention.quantize_query and
-    reference.quantize_query); False upcasts K
-    instead (fp32 queries, and the kernel before 2026-12-04, kept to measure against)."""
+    k_convert (default: bf16/fp16 queries over fp8 caches): K tiles reach the score dot
+    through Triton's convert (see attend_tile's K_CVT); False upcasts them with PTX bit moves
+    (the kernel before 2026-12-04, kept to measure against)."""
     quant = check_scales(k_cache, k_scale, v_scale)
-    if qk8 is None:
-        qk8 = quant and k_cache.dtype == torch.float8_e4m3fn and q.dtype != torch.float32
-    assert not qk8 or k_cache.dtype == torch.float8_e4m3fn, "qk8 needs an fp8 e4m3 cache"
+    if k_convert is None:
+        k_convert = quant and k_cache.dtype == torch.float8_e4m3fn and q.dtype != torch.float32
+    assert not k_convert or (k_cache.dtype == torch.float8_e4m3fn and q.dtype != torch.float32), (
+        "k_convert needs an fp8 e4m3 cache and bf16/fp16 queries")
     group, d = check_attention_inputs(q, k_cache, v_cache, block_tables, quant)
     tiles = tiles or ("soft" if quant else "tail")
     if max_registers is None and quant:  # 138 -> 128 registers: 4 programs per SM instead of 3;
@@ -248,7 +244,7 @@ def decode_with_partitions(
         lse = torch.empty((b, hq, parts), dtype=torch.float32, device=q.device)
     else:
         dest, lse = out, out  # lse is unused without a split
-    d_pad = max(32 if qk8 else 16, next_pow2(d))  # an fp8 dot reduces over 32 at least
+    d_pad = max(16, next_pow2(d))
     ks, vs = (k_scale, v_scale) if quant else (k_cache, v_cache)
     grid = (hk, b, parts) if heads_first else (b, hk, parts)
     _decode_kernel[grid](
@@ -260,7 +256,7 @@ def decode_with_partitions(
         G=group, G_PAD=max(16, next_pow2(group)), S=s, D_PAD=d_pad,
         BLOCK_N=min(block_n, partition_size), SPLIT=split,
         PRECISION=dot_precision(q.dtype), DOT_F32=interpreting(), QUANT=quant,
-        EVEN_D=d_pad == d, TILES=_TILES[tiles], HEADS_FIRST=heads_first, QK8=qk8,
+        EVEN_D=d_pad == d, TILES=_TILES[tiles], HEADS_FIRST=heads_first, K_CVT=k_convert,
         num_warps=num_warps, num_stages=num_stages,
         **({"maxnreg": max_registers} if max_registers and not interpreting() else {}),
     )

@@ -240,23 +240,8 @@ def paged_decode_attention(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One query per sequence (q [B, Hq, D]) over seq_lens[b] cached tokens. Over an fp8
-    cache, bf16/fp16 queries are first rounded as quantize_query rounds them (the kernel dots
-    fp8 rows); fp32 queries are taken as they are."""
+    """One query per sequence (q [B, Hq, D]) over seq_lens[b] cached tokens."""
     qsl = torch.arange(q.shape[0] + 1, dtype=torch.int32)
-    fp8_dot = k_scale is not None and k_cache.dtype == torch.float8_e4m3fn and q.dtype != torch.float32
-    qd = quantize_query(q) if fp8_dot else q
     return paged_prefill_attention(
-        qd, k_cache, v_cache, block_tables, seq_lens, qsl, scale, k_scale, v_scale
-    ).to(q.dtype)
-
-
-QUERY_MIN_ABS = 1e-12  # kernels/_attention.py: a row of zeros keeps a finite gain
-
-
-def quantize_query(q: torch.Tensor) -> torch.Tensor:
-    """q [..., D] as fp8 e4m3 rows times float32 gains (each row's largest magnitude scaled to
-    448, e4m3's largest), returned in float32: what the decode kernel dots over an fp8 cache."""
-    q = q.float()
-    gain = q.abs().amax(-1, keepdim=True).clamp_min(QUERY_MIN_ABS) / 448.0
-    return (q / gain).to(torch.float8_e4m3fn).float() * gain
+        q, k_cache, v_cache, block_tables, seq_lens, qsl, scale, k_scale, v_scale
+    )

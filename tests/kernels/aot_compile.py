@@ -57,12 +57,12 @@ def attention(dt: str, cache_dt: str) -> None:
             "G": group, "G_PAD": 16, "S": 16, "D_PAD": 128, "BLOCK_N": 64,
             "SPLIT": split, "PRECISION": "tf32", "DOT_F32": False,
             "QUANT": quant, "EVEN_D": group != 7, "TILES": 2 if quant else 1,
-            "QK8": cache_dt == "fp8e4nv",
+            "K_CVT": cache_dt == "fp8e4nv",
         }, num_warps=4, num_stages=2)
-    if cache_dt == "fp8e4nv":  # a head dim of 16: the fp8 query dot pads it to 32
+    if cache_dt == "fp8e4nv":  # a head dim of 16 with K through Triton's convert
         compile_kernel(_decode_kernel, {**cache, "out_ptr": f"*{dt}", "lse_ptr": "*fp32"}, {
-            "G": 4, "G_PAD": 16, "S": 16, "D_PAD": 32, "BLOCK_N": 128, "SPLIT": False, "PRECISION": "tf32",
-            "DOT_F32": False, "QUANT": True, "EVEN_D": False, "TILES": 2, "QK8": True,
+            "G": 4, "G_PAD": 16, "S": 16, "D_PAD": 16, "BLOCK_N": 128, "SPLIT": False, "PRECISION": "tf32",
+            "DOT_F32": False, "QUANT": True, "EVEN_D": True, "TILES": 2, "K_CVT": True,
         }, num_warps=4, num_stages=2)
     compile_kernel(_merge_kernel, {"part_ptr": "*fp32", "lse_ptr": "*fp32", "out_ptr": f"*{dt}"},
                    {"P_PAD": 4, "D_PAD": 128})
