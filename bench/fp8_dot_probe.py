@@ -327,6 +327,71 @@ def _vt_kernel(
              mask=(g < G)[:, None])
 
 
+@triton.jit
+def _vmode_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_ptr, lens_ptr, out_ptr,
+        stride_qb, stride_qh, stride_cn, stride_cs, stride_ch, stride_bt, stride_sn, stride_ss, stride_sh,
+        scale_log2, G: tl.constexpr, G_PAD: tl.constexpr, S: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
+        VMODE: tl.constexpr):
+    """K through Triton's convert (as the real kernel) and V by VMODE: 0 PTX bit moves (as the
+    real kernel), 1 Triton's convert of the [N, D] tile, 2 the tile loaded [D, N] and transposed,
+    3 o^T = V^T p^T (V^T the A operand), 4 converted before the dot. Whole tiles only (a probe);
+    offline sm_90 SASS (Triton 3.6) has 1,299 / 1,061 / 1,113 / 1,004 instructions per iteration
+    for modes 0-3, but mode 1 ran slower than 0 on the H200 (fp8-dot-probe log, vcvt=0)."""
+    b = tl.program_id(0).to(tl.int64)
+    kvh = tl.program_id(1)
+    seq_len = tl.load(lens_ptr + b)
+    g = tl.arange(0, G_PAD)
+    d = tl.arange(0, D)
+    heads = kvh * G + g
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=(g < G)[:, None], other=0.0).to(tl.float16)
+    m_i = tl.full([G_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([G_PAD], tl.float32)
+    acc = tl.zeros([G_PAD, D], tl.float32)
+    bt_row = bt_ptr + b * stride_bt
+    head_off = kvh * stride_ch + d
+    for t0 in range(0, seq_len, BLOCK_N):
+        t = t0 + tl.arange(0, BLOCK_N)
+        page = tl.load(bt_row + t // S).to(tl.int64)
+        slot = (t % S).to(tl.int64)
+        tok = page * stride_cn + slot * stride_cs
+        sc = page * stride_sn + slot * stride_ss + kvh * stride_sh
+        k = tl.load(kc_ptr + tok[None, :] + head_off[:, None])
+        s = tl.dot(q, k.to(tl.float16)) * (tl.load(ks_ptr + sc) * scale_log2)[None, :]
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        vs = tl.load(vs_ptr + sc)
+        if VMODE == 0:  # PTX bit moves (the kernel)
+            v = tl.load(vc_ptr + tok[:, None] + head_off[None, :])
+            pv = tl.dot((p * (vs * 256.0)[None, :]).to(tl.float16), fp8_bits_to_fp16_ptx(v))
+        elif VMODE == 1:  # Triton's convert on the [N, D] tile
+            v = tl.load(vc_ptr + tok[:, None] + head_off[None, :])
+            pv = tl.dot((p * vs[None, :]).to(tl.float16), v.to(tl.float16))
+        elif VMODE == 2:  # loaded as [D, N], transposed in registers, Triton's convert
+            vt = tl.load(vc_ptr + tok[None, :] + head_off[:, None])
+            pv = tl.dot((p * vs[None, :]).to(tl.float16), tl.trans(vt).to(tl.float16))
+        elif VMODE == 3:  # o^T = V^T p^T: V^T [D, N] as the A operand (reduction over N)
+            vt = tl.load(vc_ptr + tok[None, :] + head_off[:, None])
+            pv = tl.trans(tl.dot(vt.to(tl.float16), tl.trans((p * vs[None, :]).to(tl.float16))))
+        else:  # converted to f16 first, then the dot (explicit)
+            v = tl.load(vc_ptr + tok[:, None] + head_off[None, :]).to(tl.float16)
+            pv = tl.dot((p * vs[None, :]).to(tl.float16), v)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    o = acc / l_i[:, None]
+    tl.store(out_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :], o.to(out_ptr.dtype.element_ty), mask=(g < G)[:, None])
+
+def probe_vmode(q, kc, vc, ks, vs, tables, lens, scale, *, vmode=0, block_n=128, warps=4, stages=2):
+    out = torch.empty_like(q)
+    _vmode_kernel[(q.shape[0], HK)](
+        q, kc, vc, ks, vs, tables, lens, out,
+        q.stride(0), q.stride(1), kc.stride(0), kc.stride(1), kc.stride(2), tables.stride(0),
+        *ks.stride()[:3], scale * math.log2(math.e),
+        G=HQ // HK, G_PAD=16, S=S, D=D, BLOCK_N=block_n, VMODE=vmode, num_warps=warps, num_stages=stages)
+    return out
+
+
 def transposed_v(v: torch.Tensor) -> torch.Tensor:
     """The V values [N, S, Hk, D] as the V^T cache _vt_kernel reads: [N, Hk, D, S], contiguous."""
     return v.permute(0, 2, 3, 1).contiguous()
@@ -384,6 +449,12 @@ def main() -> None:
                    dict(block_n=64), dict(block_n=256, warps=8), dict(stages=3), dict(p8=False, stages=3)):
             report(f"V^T fp8-dots probe {kw}", functools.partial(
                 probe_vt, q, views.k, vt, views.k_scale, views.v_scale, tables, lens, scale, **kw), ref, nbytes)
+        return
+    if "--vmode" in sys.argv:  # the real kernel once, then ways to get V into the P @ V dot
+        report("real fp8 kernel", functools.partial(decode_with_partitions, *args), ref, nbytes)
+        for kw in (dict(vmode=0), dict(vmode=1), dict(vmode=2), dict(vmode=3), dict(vmode=4), dict(vmode=3, stages=3)):
+            report(f"V-mode probe {kw}", functools.partial(
+                probe_vmode, q, views.k, views.v, views.k_scale, views.v_scale, tables, lens, scale, **kw), ref, nbytes)
         return
     if "--mh" in sys.argv:  # the real kernel once, then H KV heads per program
         report("real fp8 kernel", functools.partial(decode_with_partitions, *args), ref, nbytes)

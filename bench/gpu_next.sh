@@ -6,6 +6,7 @@
 # pair of 77cdd15). Results under $OUT.
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 python3 bench/fp8_dot_probe.py --vt 2>&1 | tee "$OUT/fp8-vt-probe.log"
+python3 bench/fp8_dot_probe.py --vmode 2>&1 | tee "$OUT/fp8-vmode-probe.log"
 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_kv_quant.py 2>&1 | tail -2  # runs on the GPU unmarked
 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ --ignore=tests/e2e/test_openai_http.py 2>&1 | tail -4
 python3 bench/engine.py --out "$OUT/engine-llama.json" --models llama-3.1-8b --sections decode,loop 2>&1 \
