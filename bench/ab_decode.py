@@ -7,7 +7,10 @@ bench/engine.py); each variant patches the op namespace, captures the decode gra
 times `--iters` steps; variants take turns over `--rounds` rounds, so drift of the machine hits
 them alike. Variants: the RMSNorm fused into the gemv after it and the rotary embedding fused
 with the KV write (rotary_write_kv), or separate kernels; the SiLU-and-mul inside the gate_up
-gemv (norm_glu) or its own kernel. (The L2 warm-up at 4/8/16 MiB against none:
+gemv (norm_glu) or its own kernel; the rotary embedding and KV write inside the decode
+attention kernel (decode_rotary_attention, since 2026-12-05) or before it; cuBLASLt for torch's
+GEMMs or cuBLAS. (The "no_glu" variant, SiLU-and-mul apart from the gemv, was measured in
+bench/results/ab-decode-glu-h200-2026-12-04-s9.json.) (The L2 warm-up at 4/8/16 MiB against none:
 bench/results/ab-decode-l2-prefetch-h200-2026-12-04-s9.json, from next/l2-prefetch d1c5806.)
 (bench/results/ab-decode-h200-2026-12-03-s8.json came from commit 98a4f89, whose variants also
 fused the SiLU-and-mul into the down projection and launched the gemv with programmatic
@@ -20,12 +23,15 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 import pdserve.kernels.gemv as gemv
 import pdserve.kernels.triton_ops as ops
+from pdserve.kernels.decode_attention import paged_decode_attention
+from pdserve.kernels.decode_rotary_attention import decode_rotary_attention
 from pdserve.kernels.rms_norm import rms_norm
 from pdserve.kernels.rotary import rotary
 from pdserve.kernels.rotary_write_kv import rotary_write_kv
@@ -54,18 +60,37 @@ def unfused_norm_glu(x, norm_weight, eps, residual, weight, bias=None, prefetch=
     return silu_and_mul(out), summed
 
 
-VARIANTS = {  # name: (norm fused, rotary+KV write fused, bytes of the next weight warmed into L2,
-    #                SiLU-and-mul fused into the gate_up gemv)
-    "glu": (True, True, 4 << 20, True), "no_glu": (True, True, 4 << 20, False),
-    "separate": (False, False, 0, False),
+def unfused_decode_rotary_attention(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping,
+                                    block_tables, seq_lens, scale, *scales):
+    q = ops.rotary_write_kv(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, *scales)
+    return paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, *scales)
+
+
+@dataclass(frozen=True)
+class Variant:
+    norm: bool = True  # RMSNorm inside the gemv after it
+    rotary: bool = True  # rotary + KV write in one kernel (rotary_write_kv)
+    prefetch: int = 4 << 20  # bytes of the next weight warmed into L2
+    glu: bool = True  # SiLU-and-mul inside the gate_up gemv
+    rope_decode: bool = True  # rotary + KV write inside the decode attention kernel
+    blas: str = "cublas"  # torch's GEMM library (batches past the gemv's reach)
+
+
+VARIANTS = {
+    "fused": Variant(),
+    "rope_apart": Variant(rope_decode=False),  # the default before 2026-12-05
+    "cublaslt": Variant(blas="cublaslt"),
+    "separate": Variant(False, False, 0, False, False),
 }
 
 
-def apply(norm_fused: bool, rotary_fused: bool, prefetch_bytes: int, glu_fused: bool) -> None:
-    ops.norm_linear = gemv.norm_linear if norm_fused else unfused_norm_linear
-    ops.norm_glu = gemv.norm_glu if glu_fused else unfused_norm_glu
-    ops.rotary_write_kv = rotary_write_kv if rotary_fused else unfused_rotary_write_kv
-    gemv.PREFETCH_BYTES = prefetch_bytes
+def apply(v: Variant) -> None:
+    ops.norm_linear = gemv.norm_linear if v.norm else unfused_norm_linear
+    ops.norm_glu = gemv.norm_glu if v.glu else unfused_norm_glu
+    ops.rotary_write_kv = rotary_write_kv if v.rotary else unfused_rotary_write_kv
+    ops.decode_rotary_attention = decode_rotary_attention if v.rope_decode else unfused_decode_rotary_attention
+    gemv.PREFETCH_BYTES = v.prefetch
+    torch.backends.cuda.preferred_blas_library(v.blas)
 
 
 def main() -> None:
@@ -88,7 +113,7 @@ def main() -> None:
     tokens: dict[str, int] = {}
     for _ in range(a.rounds):
         for name, variant in VARIANTS.items():
-            apply(*variant)
+            apply(variant)
             runner.graphs = DecodeGraphs(runner.model, runner.kv_pool, block_size=BS,
                                          max_model_len=runner.max_model_len, max_num_seqs=a.batch)
             tokens[name] = runner.execute(step).sampled["s0"]

@@ -13,6 +13,7 @@ without load masks (see `tiles`).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -22,8 +23,24 @@ from pdserve.kernels._attention import attend_tile, paged_offsets, query_for
 from pdserve.kernels._common import check_attention_inputs, check_device, check_dim, check_dtype
 from pdserve.kernels._common import check_scales
 from pdserve.kernels._common import dot_precision, interpreting, next_pow2, num_sms
+from pdserve.kernels.reference import QUANT_MAX
+from pdserve.kernels.rotary import rotated_heads
+from pdserve.kernels.write_kv import slot_offsets, store_row, token_rows
 
 _MIN_PARTITION = 256
+
+
+@dataclass(frozen=True)
+class RopeWrite:
+    """What decode_rotary_attention adds to a decode: the step's unrotated key and value rows
+    [B, Hk, D], each sequence's position (cos_sin row) and cache slot."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    positions: torch.Tensor
+    cos_sin: torch.Tensor
+    slot_mapping: torch.Tensor
+
 _TILES = {"masked": 0, "tail": 1, "soft": 2}
 _PROGRAMS_PER_SM = 8
 
@@ -48,16 +65,55 @@ def _attend_from(
 
 
 @triton.jit
+def _rotate_and_write(
+    q_ptr, kn_ptr, vn_ptr, pos_ptr, cs_ptr, slot_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, b, kvh, writes,
+    stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cos,
+    stride_cn, stride_cs, stride_ch, stride_sn, stride_ss, stride_sh, head_dim,
+    G: tl.constexpr, G_PAD: tl.constexpr, D_PAD: tl.constexpr, HALF: tl.constexpr, S: tl.constexpr,
+    QUANT: tl.constexpr, QMAX: tl.constexpr, IS_INT: tl.constexpr,
+):
+    """Sequence b's G query heads of KV head kvh, rotated and rounded to q's dtype [G_PAD, D_PAD]
+    (as rotary_write_kv gives them). If `writes` (this program's partition holds the last
+    position), KV head kvh's new key, rotated and rounded to its dtype, and value go into the
+    slot slot_ptr[b] as write_kv stores them (quantized over fp8/int8; a negative slot writes
+    nothing), then a CTA barrier: the partition's tiles, read next by the same program, include
+    that slot (stores before bar.sync are visible to the whole CTA after it)."""
+    cs_row = cs_ptr + tl.load(pos_ptr + b).to(tl.int64) * stride_cos
+    q, qmask = rotated_heads(q_ptr + kvh * G * stride_qh, b, stride_qb, stride_qh, cs_row, G, head_dim,
+                         HALF, G_PAD, D_PAD)
+    if writes:
+        slot = tl.load(slot_ptr + b).to(tl.int64)
+        dst, sdst, m, hmask = slot_offsets(slot, 1, head_dim, stride_cn, stride_cs, stride_ch,
+                                           stride_sn, stride_ss, stride_sh, S, 1, D_PAD)
+        k, kmask = rotated_heads(kn_ptr + kvh * stride_kh, b, stride_kt, stride_kh, cs_row, 1, head_dim,
+                             HALF, 1, D_PAD)
+        store_row(k.to(kn_ptr.dtype.element_ty), kc_ptr + kvh * stride_ch, ks_ptr + kvh * stride_sh,
+                  dst, sdst, m, hmask, QUANT, QMAX, IS_INT)
+        v = token_rows(vn_ptr + kvh * stride_vh, b, stride_vt, stride_vh, m, 1, D_PAD)
+        store_row(v, vc_ptr + kvh * stride_ch, vs_ptr + kvh * stride_sh, dst, sdst, m, hmask,
+                  QUANT, QMAX, IS_INT)
+        tl.debug_barrier()
+    return q.to(q_ptr.dtype.element_ty)
+
+
+@triton.jit
 def _decode_kernel(
     q_ptr, kc_ptr, vc_ptr, bt_ptr, lens_ptr, out_ptr, lse_ptr, ks_ptr, vs_ptr,
+    kn_ptr, vn_ptr, pos_ptr, cs_ptr, slot_ptr,
     stride_qb, stride_qh, stride_cn, stride_cs, stride_ch, stride_bt, stride_ob, stride_oh,
-    stride_op, stride_sn, stride_ss, stride_sh,
+    stride_op, stride_sn, stride_ss, stride_sh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cos,
     scale_log2, head_dim, num_parts,
     G: tl.constexpr, G_PAD: tl.constexpr, S: tl.constexpr,
     D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
     PRECISION: tl.constexpr, DOT_F32: tl.constexpr, QUANT: tl.constexpr,
     EVEN_D: tl.constexpr, TILES: tl.constexpr, HEADS_FIRST: tl.constexpr, K_CVT: tl.constexpr,
+    ROPE: tl.constexpr = False, HALF: tl.constexpr = 1, QMAX: tl.constexpr = 1.0,
+    IS_INT: tl.constexpr = False,
 ):
+    """Programs (KV head, sequence, partition) or (sequence, KV head, partition). ROPE: q, kn
+    and vn are the step's unrotated rows [B, H, D]; each program rotates its query heads, and
+    the one whose partition holds the sequence's last position also rotates its KV head's new
+    key into the cache slot slot_ptr[b] with the value (see _rotate_and_write)."""
     if HEADS_FIRST:  # a sequence's KV heads run side by side: its pages are read together
         kvh = tl.program_id(0)
         b = tl.program_id(1).to(tl.int64)
@@ -74,18 +130,25 @@ def _decode_kernel(
     dmask = d < head_dim
     heads = kvh * G + g
     qmask = gmask[:, None] & dmask[None, :]
-    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=qmask, other=0.0)
+    # The sequence splits evenly over the partitions in whole tiles, so a short one
+    # occupies few of them (the count is fixed by the table width) and a long one all.
+    chunk = tl.cdiv(tl.cdiv(seq_len, num_parts), BLOCK_N) * BLOCK_N
+    start = part * chunk
+    end = tl.minimum(start + chunk, seq_len)
+    if ROPE:
+        q = _rotate_and_write(
+            q_ptr, kn_ptr, vn_ptr, pos_ptr, cs_ptr, slot_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, b, kvh,
+            (start < seq_len) & (seq_len <= end), stride_qb, stride_qh, stride_kt, stride_kh, stride_vt,
+            stride_vh, stride_cos, stride_cn, stride_cs, stride_ch, stride_sn, stride_ss, stride_sh,
+            head_dim, G, G_PAD, D_PAD, HALF, S, QUANT, QMAX, IS_INT)
+    else:
+        q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=qmask, other=0.0)
     q = query_for(q, QUANT, DOT_F32)
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, D_PAD], tl.float32)
     bt_row = bt_ptr + b * stride_bt
     head_off = kvh * stride_ch + d
-    # The sequence splits evenly over the partitions in whole tiles, so a short one
-    # occupies few of them (the count is fixed by the table width) and a long one all.
-    chunk = tl.cdiv(tl.cdiv(seq_len, num_parts), BLOCK_N) * BLOCK_N
-    start = part * chunk
-    end = tl.minimum(start + chunk, seq_len)
     last_page = tl.maximum(seq_len - 1, 0) // S
     if TILES == 2:  # quantized: one loop, unmasked loads (see attend_tile's MASK_T 2)
         for t0 in range(start, end, BLOCK_N):
@@ -160,18 +223,20 @@ def paged_decode_attention(
     v_scale: torch.Tensor | None = None,
     *,
     k_convert: bool | None = None,
+    rope: RopeWrite | None = None,
 ) -> torch.Tensor:
     """One query per sequence (q [B, Hq, D]) over seq_lens[b] cached tokens.
 
     block_tables int32 [B, max_blocks], seq_lens int32 [B]; caches [N, S, Hk, D] may be layer
     views of a pool. Returns a new [B, Hq, D] tensor in q's dtype. With k_scale/v_scale
     [N, S, Hk] float32, the caches are fp8/int8 and dequantized inside the kernel. k_convert:
-    see decode_with_partitions.
+    see decode_with_partitions; rope: see decode_rotary_attention.
     """
     max_context = block_tables.shape[1] * k_cache.shape[1] if block_tables.dim() == 2 else 0
     part = default_partition_size(q.shape[0], k_cache.shape[2], max_context, q.device)
     return decode_with_partitions(
-        q, k_cache, v_cache, block_tables, seq_lens, scale, part, k_scale, v_scale, k_convert=k_convert
+        q, k_cache, v_cache, block_tables, seq_lens, scale, part, k_scale, v_scale, k_convert=k_convert,
+        rope=rope,
     )
 
 
@@ -193,6 +258,7 @@ def decode_with_partitions(
     heads_first: bool = True,
     max_registers: int | None = None,
     k_convert: bool | None = None,
+    rope: RopeWrite | None = None,
 ) -> torch.Tensor:
     """paged_decode_attention with an explicit split-K partition size (power of two >= 16):
     the partition count is the table's token width over it, and each sequence spreads over
@@ -207,7 +273,8 @@ def decode_with_partitions(
     max_registers caps the registers per thread (ptxas -maxnreg; more programs fit an SM).
     k_convert (default: bf16/fp16 queries over fp8 caches): K tiles reach the score dot
     through Triton's convert (see attend_tile's K_CVT); False upcasts them with PTX bit moves
-    (the kernel before 2026-12-04, kept to measure against)."""
+    (the kernel before 2026-12-04, kept to measure against). rope: q is unrotated and the
+    kernel also does rotary_write_kv's work (see decode_rotary_attention)."""
     quant = check_scales(k_cache, k_scale, v_scale)
     if k_convert is None:
         k_convert = quant and k_cache.dtype == torch.float8_e4m3fn and q.dtype != torch.float32
@@ -247,17 +314,25 @@ def decode_with_partitions(
     d_pad = max(16, next_pow2(d))
     ks, vs = (k_scale, v_scale) if quant else (k_cache, v_cache)
     grid = (hk, b, parts) if heads_first else (b, hk, parts)
+    if rope is None:  # the kernel's rope arguments, unused
+        rope_args: tuple = (q, q, seq_lens, q, seq_lens, 0, 0, 0, 0, 0)
+        rope_consts: dict = {}
+    else:
+        rope_args = (rope.k, rope.v, rope.positions, rope.cos_sin, rope.slot_mapping, *rope.k.stride()[:2],
+                     *rope.v.stride()[:2], rope.cos_sin.stride(0))
+        rope_consts = {"ROPE": True, "HALF": rope.cos_sin.shape[1] // 2,
+                       "QMAX": QUANT_MAX.get(k_cache.dtype, 1.0), "IS_INT": k_cache.dtype == torch.int8}
     _decode_kernel[grid](
-        q, k_cache, v_cache, block_tables, seq_lens, dest, lse, ks, vs,
+        q, k_cache, v_cache, block_tables, seq_lens, dest, lse, ks, vs, *rope_args[:5],
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), dest.stride(0), dest.stride(1), dest.stride(2) if split else 0,
-        *(ks.stride()[:3] if quant else (0, 0, 0)),
+        *(ks.stride()[:3] if quant else (0, 0, 0)), *rope_args[5:],
         scale * math.log2(math.e), d, parts,
         G=group, G_PAD=max(16, next_pow2(group)), S=s, D_PAD=d_pad,
         BLOCK_N=min(block_n, partition_size), SPLIT=split,
         PRECISION=dot_precision(q.dtype), DOT_F32=interpreting(), QUANT=quant,
         EVEN_D=d_pad == d, TILES=_TILES[tiles], HEADS_FIRST=heads_first, K_CVT=k_convert,
-        num_warps=num_warps, num_stages=num_stages,
+        **rope_consts, num_warps=num_warps, num_stages=num_stages,
         **({"maxnreg": max_registers} if max_registers and not interpreting() else {}),
     )
     if split:

@@ -245,3 +245,14 @@ def paged_decode_attention(
     return paged_prefill_attention(
         q, k_cache, v_cache, block_tables, seq_lens, qsl, scale, k_scale, v_scale
     )
+
+
+def decode_rotary_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
+    k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+    block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """rotary_write_kv, then paged_decode_attention of the rotated q (one decode step's layer)."""
+    q = rotary_write_kv(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+    return paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, k_scale, v_scale)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pdserve.kernels.copy_blocks import copy_blocks
 from pdserve.kernels.decode_attention import paged_decode_attention
+from pdserve.kernels.decode_rotary_attention import decode_rotary_attention
 from pdserve.kernels.gemv import linear, norm_glu, norm_linear
 from pdserve.kernels.prefill_attention import paged_prefill_attention
 from pdserve.kernels.reference import gather_kv, rope_cos_sin
@@ -21,6 +22,7 @@ from pdserve.kernels.write_kv import write_kv
 
 __all__ = [
     "copy_blocks",
+    "decode_rotary_attention",
     "gather_kv",
     "linear",
     "norm_glu",

@@ -142,15 +142,19 @@ class LlamaModel:
         # a quantized pool (fp8/int8 rows + scales, runtime/kv_quant.py) adds scale views
         k_cache, v_cache, *scales = layer_views(kv_pool, l, d)
         quant = tuple(scales) if scales[0] is not None else ()
-        # the rotated k goes straight into the cache (one kernel on CUDA)
-        q = ops.rotary_write_kv(q, k, v, positions, self.cos_sin, k_cache, v_cache, meta.slot_mapping, *quant)
-        if layer_hook is not None:
-            layer_hook(l)
         if meta.is_decode:
-            o = ops.paged_decode_attention(
-                q, k_cache, v_cache, meta.block_tables, meta.seq_lens, self.scale, *quant
+            # rotary, KV write and attention: one kernel on CUDA
+            o = ops.decode_rotary_attention(
+                q, k, v, positions, self.cos_sin, k_cache, v_cache, meta.slot_mapping,
+                meta.block_tables, meta.seq_lens, self.scale, *quant,
             )
+            if layer_hook is not None:
+                layer_hook(l)
         else:
+            # the rotated k goes straight into the cache (one kernel on CUDA)
+            q = ops.rotary_write_kv(q, k, v, positions, self.cos_sin, k_cache, v_cache, meta.slot_mapping, *quant)
+            if layer_hook is not None:
+                layer_hook(l)
             o = ops.paged_prefill_attention(
                 q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
                 self.scale, *quant,

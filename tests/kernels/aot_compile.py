@@ -44,6 +44,7 @@ def compile_kernel(fn: triton.JITFunction, ptrs: dict[str, str], consts: dict, *
 
 
 SCALES = {"ks_ptr": "*fp32", "vs_ptr": "*fp32"}
+NO_ROPE = {"ROPE": False, "HALF": 1, "QMAX": 1.0, "IS_INT": False}  # the decode kernel's defaults
 
 
 def attention(dt: str, cache_dt: str) -> None:
@@ -57,13 +58,21 @@ def attention(dt: str, cache_dt: str) -> None:
             "G": group, "G_PAD": 16, "S": 16, "D_PAD": 128, "BLOCK_N": 64,
             "SPLIT": split, "PRECISION": "tf32", "DOT_F32": False,
             "QUANT": quant, "EVEN_D": group != 7, "TILES": 2 if quant else 1,
-            "K_CVT": cache_dt == "fp8e4nv",
+            "K_CVT": cache_dt == "fp8e4nv", **NO_ROPE,
         }, num_warps=4, num_stages=2)
     if cache_dt == "fp8e4nv":  # a head dim of 16 with K through Triton's convert
         compile_kernel(_decode_kernel, {**cache, "out_ptr": f"*{dt}", "lse_ptr": "*fp32"}, {
             "G": 4, "G_PAD": 16, "S": 16, "D_PAD": 16, "BLOCK_N": 128, "SPLIT": False, "PRECISION": "tf32",
-            "DOT_F32": False, "QUANT": True, "EVEN_D": True, "TILES": 2, "K_CVT": True,
+            "DOT_F32": False, "QUANT": True, "EVEN_D": True, "TILES": 2, "K_CVT": True, **NO_ROPE,
         }, num_warps=4, num_stages=2)
+    rope_ptrs = {**cache, "out_ptr": "*fp32", "lse_ptr": "*fp32", "kn_ptr": f"*{dt}", "vn_ptr": f"*{dt}",
+                 "pos_ptr": "*i32", "cs_ptr": "*fp32", "slot_ptr": "*i32"}
+    compile_kernel(_decode_kernel, rope_ptrs, {  # rotary + KV write inside (decode_rotary_attention)
+        "G": 4, "G_PAD": 16, "S": 16, "D_PAD": 128, "BLOCK_N": 128 if quant else 64, "SPLIT": True,
+        "PRECISION": "tf32", "DOT_F32": False, "QUANT": quant, "EVEN_D": True, "TILES": 2 if quant else 1,
+        "K_CVT": cache_dt == "fp8e4nv", "ROPE": True, "HALF": 64, "QMAX": 448.0 if quant else 1.0,
+        "IS_INT": False,
+    }, num_warps=4, num_stages=2)
     compile_kernel(_merge_kernel, {"part_ptr": "*fp32", "lse_ptr": "*fp32", "out_ptr": f"*{dt}"},
                    {"P_PAD": 4, "D_PAD": 128})
     for group, bm, bn, warps in ((4, 128, 64, 8), (7, 128, 64, 8), (1, 64, 32, 4)):
