@@ -256,3 +256,21 @@ def decode_rotary_attention(
     """rotary_write_kv, then paged_decode_attention of the rotated q (one decode step's layer)."""
     q = rotary_write_kv(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, k_scale, v_scale)
     return paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, k_scale, v_scale)
+
+
+def nucleus_threshold(
+    logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
+    """Per row of logits [B, V], the smallest logit sampling keeps (float32 [B]): the k-th
+    largest (top_k[b] < 1 or >= V: off; ties with it stay), then, over the softmax of
+    logits / temperature[b] renormalised over those, the smallest logit of the shortest
+    most-likely run whose mass reaches top_p[b] (>= 1: off); the most likely token always stays."""
+    x = logits.float()
+    s, _ = x.sort(dim=-1, descending=True)
+    v = x.shape[-1]
+    k = torch.where((top_k >= 1) & (top_k < v), top_k, v).long()
+    kept = s >= s.gather(1, (k - 1)[:, None])  # the top k and any ties with the k-th
+    sp = (s / temperature[:, None]).masked_fill(~kept, float("-inf")).softmax(dim=-1)
+    before = sp.cumsum(dim=-1) - sp  # mass of the more likely tokens
+    kept &= (before < top_p[:, None]) | (top_p[:, None] >= 1.0)
+    return s.gather(1, (kept.sum(dim=-1) - 1)[:, None]).squeeze(1)

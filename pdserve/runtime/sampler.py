@@ -8,7 +8,7 @@ request's earlier draws, or on which worker (prefill or decode) samples it.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -114,24 +114,33 @@ def _chunk(v: int) -> int | None:
 
 
 def token_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
-    """Probabilities [B, V] after temperature, top-k and top-p (non-greedy params only)."""
+    """Probabilities [B, V] after temperature, top-k and top-p (non-greedy params only): the
+    tokens below each row's nucleus_threshold get none (no sort on CUDA: pdserve.kernels.nucleus)."""
     dev = logits.device
-    temps = to_device([p.temperature for p in params], dev, logits.dtype)
+    temps = to_device([p.temperature for p in params], dev, torch.float32)
     x = logits / temps[:, None]
     if all(p.top_k < 1 and p.top_p >= 1.0 for p in params):
         return x.softmax(dim=-1)
-    v = x.shape[-1]
-    sorted_x, idx = x.sort(dim=-1, descending=True)
-    ks = to_device([p.top_k if p.top_k >= 1 else v for p in params], dev)
-    ranks = torch.arange(v, device=dev)
-    sorted_x.masked_fill_(ranks[None, :] >= ks[:, None], float("-inf"))
-    sp = sorted_x.softmax(dim=-1)
-    # top_p == 1 must keep everything, even where the cumulative sum rounds past 1.
-    top_p = to_device([p.top_p if p.top_p < 1.0 else float("inf") for p in params], dev, torch.float32)
-    # Drop a token once the mass before it reaches top_p; the most likely one always stays.
-    sorted_x.masked_fill_((sp.cumsum(dim=-1) - sp) >= top_p[:, None], float("-inf"))
-    filtered = torch.full_like(x, float("-inf")).scatter_(-1, idx, sorted_x)
-    return filtered.softmax(dim=-1)
+    ks = to_device([p.top_k for p in params], dev)
+    top_p = to_device([p.top_p for p in params], dev, torch.float32)
+    triton = dev.type == "cuda" and x.shape[0] >= TRITON_NUCLEUS_MIN_ROWS
+    low = _nucleus_op(triton)(logits, temps, ks, top_p)
+    return x.masked_fill_(logits < low[:, None], float("-inf")).softmax(dim=-1)
+
+
+# Rows from which the Triton nucleus_threshold (one program per row, 9+ passes over it) beats
+# the sorted reference on an H200 (bench/sampler.py).
+TRITON_NUCLEUS_MIN_ROWS = 8
+
+
+@functools.lru_cache(maxsize=None)
+def _nucleus_op(triton: bool) -> Callable[..., torch.Tensor]:
+    """nucleus_threshold of pdserve.kernels.nucleus (Triton, CUDA) or of the sorted reference."""
+    if triton:
+        from pdserve.kernels.nucleus import nucleus_threshold  # imports Triton: CUDA only
+    else:
+        from pdserve.kernels.reference import nucleus_threshold
+    return nucleus_threshold
 
 
 def _draw(

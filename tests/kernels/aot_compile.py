@@ -18,6 +18,7 @@ assert os.environ.get("TRITON_INTERPRET", "0") != "1", "run with TRITON_INTERPRE
 
 from pdserve.kernels.decode_attention import _decode_kernel, _merge_kernel  # noqa: E402
 from pdserve.kernels.gemv import _gemv_kernel  # noqa: E402
+from pdserve.kernels.nucleus import _nucleus_kernel  # noqa: E402
 from pdserve.kernels.prefill_attention import _prefill_kernel  # noqa: E402
 from pdserve.kernels.rms_norm import _rms_norm_kernel  # noqa: E402
 from pdserve.kernels.copy_blocks import _copy_blocks_kernel  # noqa: E402
@@ -101,6 +102,8 @@ def elementwise(dt: str) -> None:
         compile_kernel(_gemv_kernel, gemv_ptrs, {"BLOCK_N": 16 if glu else 8, "BLOCK_K": 512, "EVEN_K": even_k,
                                                  "HAS_BIAS": bias, "NORM": norm, "HAS_RES": res, "PF_LINES": pf,
                                                  "GLU": glu})
+    compile_kernel(_nucleus_kernel, {"x_ptr": f"*{dt}", "temp_ptr": "*fp32", "k_ptr": "*i64", "p_ptr": "*fp32",
+                                     "out_ptr": "*fp32"}, {"BLOCK": 1024, "NC": 16}, num_warps=8)
     compile_kernel(_copy_blocks_kernel, {p: "*i32" for p in ("src_ptr", "dst_ptr", "src_ids_ptr", "dst_ids_ptr")},
                    {"BLOCK": 2048})
     for cache_dt, qmax, is_int in ((dt, 1.0, False), ("fp8e4nv", 448.0, False), ("i8", 127.0, True)):
