@@ -40,9 +40,10 @@ def _value(key):
 
 
 @triton.jit
-def _counts(row, v, lo, hi, m, scale, BLOCK: tl.constexpr, NC: tl.constexpr):
-    """Candidates lo < c_1 <= ... <= c_NC < hi, and for each the count and the probability
-    mass (exp2((x - m) * scale), unnormalised) of the row's tokens whose key is >= it."""
+def _counts(row, v, lo, hi, m, scale, BLOCK: tl.constexpr, NC: tl.constexpr, COUNT: tl.constexpr):
+    """Candidates lo < c_1 <= ... <= c_NC < hi, and for each the probability mass
+    (exp2((x - m) * scale), unnormalised) and, if COUNT, the count of the row's tokens whose
+    key is >= it (padding lanes load -inf: no mass, and COUNT masks them)."""
     cand = lo + (hi - lo) * (tl.arange(0, NC) + 1).to(tl.int64) // (NC + 1)
     cnt = tl.zeros([NC], tl.int32)
     mass = tl.zeros([NC], tl.float32)
@@ -51,9 +52,10 @@ def _counts(row, v, lo, hi, m, scale, BLOCK: tl.constexpr, NC: tl.constexpr):
         inside = offs < v
         x = tl.load(row + offs, mask=inside, other=float("-inf")).to(tl.float32)
         w = tl.exp2((x - m) * scale)
-        ge = (_key(x)[:, None] >= cand[None, :]) & inside[:, None]
-        cnt += tl.sum(ge.to(tl.int32), 0)
+        ge = _key(x)[:, None] >= cand[None, :]
         mass += tl.sum(tl.where(ge, w[:, None], 0.0), 0)
+        if COUNT:
+            cnt += tl.sum((ge & inside[:, None]).to(tl.int32), 0)
     return cand, cnt, mass
 
 
@@ -94,7 +96,7 @@ def _nucleus_kernel(
     if (k_top > 0) & (k_top < v):
         hi = top
         while hi - lo > 1:
-            cand, cnt, mass = _counts(row, v, lo, hi, m, scale, BLOCK, NC)
+            cand, cnt, mass = _counts(row, v, lo, hi, m, scale, BLOCK, NC, True)
             ok = cnt >= k_top  # a prefix of the candidates (counts fall as keys rise)
             kept = tl.min(tl.where(ok, mass, kept), 0)
             lo = tl.max(tl.where(ok, cand, lo), 0)
@@ -103,7 +105,7 @@ def _nucleus_kernel(
         target = p_top * kept
         hi = top
         while hi - lo > 1:
-            cand, cnt, mass = _counts(row, v, lo, hi, m, scale, BLOCK, NC)
+            cand, cnt, mass = _counts(row, v, lo, hi, m, scale, BLOCK, NC, False)
             ok = mass >= target
             lo = tl.max(tl.where(ok, cand, lo), 0)
             hi = tl.min(tl.where(ok, hi, cand), 0)
