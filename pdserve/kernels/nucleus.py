@@ -27,9 +27,9 @@ _CANDIDATES = 16  # keys tried per pass
 
 @triton.jit
 def _key(x):
-    """fp32 -> int64 key in the same order (negative floats have their magnitude bits flipped)."""
+    """fp32 -> int32 key in the same order (negative floats have their magnitude bits flipped)."""
     b = x.to(tl.int32, bitcast=True)
-    return tl.where(b < 0, b ^ 0x7FFFFFFF, b).to(tl.int64)
+    return tl.where(b < 0, b ^ 0x7FFFFFFF, b)
 
 
 @triton.jit
@@ -44,7 +44,8 @@ def _counts(row, v, lo, hi, m, scale, BLOCK: tl.constexpr, NC: tl.constexpr, COU
     """Candidates lo < c_1 <= ... <= c_NC < hi, and for each the probability mass
     (exp2((x - m) * scale), unnormalised) and, if COUNT, the count of the row's tokens whose
     key is >= it (padding lanes load -inf: no mass, and COUNT masks them)."""
-    cand = lo + (hi - lo) * (tl.arange(0, NC) + 1).to(tl.int64) // (NC + 1)
+    cand = lo + (hi - lo) * (tl.arange(0, NC) + 1).to(tl.int64) // (NC + 1)  # in [lo, hi): int32
+    cand32 = cand.to(tl.int32)
     cnt = tl.zeros([NC], tl.int32)
     mass = tl.zeros([NC], tl.float32)
     for start in range(0, v, BLOCK):
@@ -52,7 +53,7 @@ def _counts(row, v, lo, hi, m, scale, BLOCK: tl.constexpr, NC: tl.constexpr, COU
         inside = offs < v
         x = tl.load(row + offs, mask=inside, other=float("-inf")).to(tl.float32)
         w = tl.exp2((x - m) * scale)
-        ge = _key(x)[:, None] >= cand[None, :]
+        ge = _key(x)[:, None] >= cand32[None, :]
         mass += tl.sum(tl.where(ge, w[:, None], 0.0), 0)
         if COUNT:
             cnt += tl.sum((ge & inside[:, None]).to(tl.int32), 0)
@@ -72,8 +73,8 @@ def _nucleus_kernel(
     scale = 1.4426950408889634 / tl.load(temp_ptr + r)
     mx = tl.full([BLOCK], float("-inf"), tl.float32)
     z = tl.zeros([BLOCK], tl.float32)  # per lane: sum of exp2((x - mx) * scale)
-    kmin = tl.full([BLOCK], 2147483647, tl.int64)
-    kmax = tl.full([BLOCK], -2147483648, tl.int64)
+    kmin = tl.full([BLOCK], 2147483647, tl.int32)
+    kmax = tl.full([BLOCK], -2147483648, tl.int32)
     for start in range(0, v, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         inside = offs < v
@@ -88,8 +89,8 @@ def _nucleus_kernel(
         kmax = tl.where(inside, tl.maximum(kmax, k), kmax)
     m = tl.max(mx, 0)
     total = tl.sum(tl.where(mx > float("-inf"), z * tl.exp2((mx - m) * scale), 0.0), 0)
-    lo = tl.min(kmin, 0)
-    top = tl.max(kmax, 0) + 1  # exclusive: no key reaches it
+    lo = tl.min(kmin, 0).to(tl.int64)  # the search runs in int64: top may be 2^31
+    top = tl.max(kmax, 0).to(tl.int64) + 1  # exclusive: no key reaches it
     k_top = tl.load(k_ptr + r)
     p_top = tl.load(p_ptr + r)
     kept = total  # mass of the top-k set
