@@ -1,9 +1,10 @@
-"""Sampling cost per decode step on one CUDA GPU: the sort-free top-k/top-p (Triton
-nucleus_threshold, the sampler since 2026-12-05) against the sorted sampler before it.
+"""Sampling cost per decode step on one CUDA GPU: the sampler's two top-k/top-p paths, the
+sort-free one (Triton nucleus_threshold) and the sorted one, at each batch size; the sampler
+takes the first from TRITON_NUCLEUS_MIN_ROWS rows.
 
     python bench/sampler.py --out bench/results/sampler-<gpu>-<date>.json
 
-Logits [B, 128256] (Llama-3's vocab) in bf16 as the model gives them, B = 1, 32, 256;
+Logits [B, 128256] (Llama-3's vocab) in bf16 as the model gives them, B = 1 ... 256;
 temperature 1 and top-p 0.9 (the engine loop's sampled figures), and top-k 50 + top-p 0.9.
 Times sample_on_device whole (upcast, probabilities, the exponential race) and the threshold
 alone, with its sorted reference twin; the floor is one read of the fp32 logits at the copy
@@ -15,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -33,18 +33,7 @@ from engine import copy_bandwidth, timed  # noqa: E402
 VOCAB = 128256
 
 
-def sorted_token_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
-    """token_probs as it was before 2026-12-05 (sort, mask by rank and cumulative mass, scatter back)."""
-    dev = logits.device
-    x = logits / to_device([p.temperature for p in params], dev, logits.dtype)[:, None]
-    v = x.shape[-1]
-    sorted_x, idx = x.sort(dim=-1, descending=True)
-    ks = to_device([p.top_k if p.top_k >= 1 else v for p in params], dev)
-    sorted_x.masked_fill_(torch.arange(v, device=dev)[None, :] >= ks[:, None], float("-inf"))
-    sp = sorted_x.softmax(dim=-1)
-    top_p = to_device([p.top_p if p.top_p < 1.0 else float("inf") for p in params], dev, torch.float32)
-    sorted_x.masked_fill_((sp.cumsum(dim=-1) - sp) >= top_p[:, None], float("-inf"))
-    return torch.full_like(x, float("-inf")).scatter_(-1, idx, sorted_x).softmax(dim=-1)
+KNOBS = [(nc, block, warps) for nc in (2, 4, 8) for block, warps in ((1024, 8), (2048, 8), (2048, 16), (4096, 16))]
 
 
 def main() -> None:
@@ -56,35 +45,31 @@ def main() -> None:
                  "vocab": VOCAB, "triton_min_rows": sampler.TRITON_NUCLEUS_MIN_ROWS, "ms": {}}
     settings = {"top_p": SamplingParams(temperature=1.0, top_p=0.9),
                 "top_k_top_p": SamplingParams(temperature=1.0, top_k=50, top_p=0.9)}
-    new = sampler.token_probs
-    for b in (1, 32, 256):
+    default_rows = sampler.TRITON_NUCLEUS_MIN_ROWS
+    for b in (1, 8, 16, 32, 64, 128, 256):
         logits = (torch.randn(b, VOCAB, device="cuda") * 4).bfloat16()
         row: dict = {"floor_fp32_read": b * VOCAB * 4 / (gbps * 1e9) * 1e3}
+        x = logits.float()
         for name, sp in settings.items():
             params, pos = [sp] * b, list(range(b))
-            for impl, fn in (("sorted", sorted_token_probs), ("threshold", new)):
-                sampler.token_probs = fn
+            for impl, min_rows in (("sorted", b + 1), ("threshold", 1)):
+                sampler.TRITON_NUCLEUS_MIN_ROWS = min_rows
                 row[f"sample_{name}_{impl}"] = timed(lambda: sample_on_device(logits, params, pos), iters=20) * 1e3
-            sampler.token_probs = new
-            x = logits.float()
-            t = to_device([sp.temperature] * b, x.device, torch.float32)
-            k = to_device([sp.top_k] * b, x.device)
-            q = to_device([sp.top_p] * b, x.device, torch.float32)
+            sampler.TRITON_NUCLEUS_MIN_ROWS = default_rows
+            t, k, q = (to_device([v] * b, x.device, dt) for v, dt in
+                       ((sp.temperature, torch.float32), (sp.top_k, torch.int64), (sp.top_p, torch.float32)))
             for impl, fn in (("sorted_reference", reference.nucleus_threshold), ("triton", nucleus_threshold)):
                 row[f"threshold_{name}_{impl}"] = timed(lambda: fn(x, t, k, q), iters=20) * 1e3
-        if b in (1, 256):  # the kernel's knobs, top-p only
-            for nc in (4, 8, 16):
-                for block, warps in ((512, 4), (1024, 4), (1024, 8), (2048, 8), (2048, 16)):
+            if b in (1, 64, 256):  # the kernel's knobs
+                for nc, block, warps in KNOBS:
                     fn = lambda: nucleus_threshold(x, t, k, q, candidates=nc, block=block, num_warps=warps)  # noqa: E731
-                    row[f"threshold_top_k_top_p_triton_nc{nc}_b{block}_w{warps}"] = timed(fn, iters=20) * 1e3
-            t, k, q = (to_device([v] * b, x.device, dt) for v, dt in ((1.0, torch.float32), (0, torch.int64),
-                                                                       (0.9, torch.float32)))
-            for nc in (4, 8, 16):
-                for block, warps in ((512, 4), (1024, 4), (1024, 8), (2048, 8), (2048, 16)):
-                    fn = lambda: nucleus_threshold(x, t, k, q, candidates=nc, block=block, num_warps=warps)  # noqa: E731
-                    row[f"threshold_top_p_triton_nc{nc}_b{block}_w{warps}"] = timed(fn, iters=20) * 1e3
+                    row[f"threshold_{name}_triton_nc{nc}_b{block}_w{warps}"] = timed(fn, iters=20) * 1e3
         res["ms"][str(b)] = row
-        print(b, " ".join(f"{key} {v:.3f}" for key, v in row.items()), flush=True)
+        print(b, " ".join(f"{key} {v:.3f}" for key, v in row.items() if "_nc" not in key), flush=True)
+        if b in (1, 64, 256):
+            for name in settings:
+                best = sorted((v, key) for key, v in row.items() if key.startswith(f"threshold_{name}_triton_nc"))
+                print("   fastest", name, " ".join(f"{key.split('triton_')[1]} {v:.3f}" for v, key in best[:4]))
     Path(a.out).write_text(json.dumps(res, indent=1))
 
 

@@ -114,8 +114,9 @@ def _chunk(v: int) -> int | None:
 
 
 def token_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
-    """Probabilities [B, V] after temperature, top-k and top-p (non-greedy params only): the
-    tokens below each row's nucleus_threshold get none (no sort on CUDA: pdserve.kernels.nucleus)."""
+    """Probabilities [B, V] after temperature, top-k and top-p (non-greedy params only). On
+    CUDA with TRITON_NUCLEUS_MIN_ROWS+ rows the tokens below each row's Triton
+    nucleus_threshold get none (no sort: pdserve.kernels.nucleus); otherwise _sorted_probs."""
     dev = logits.device
     temps = to_device([p.temperature for p in params], dev, torch.float32)
     x = logits / temps[:, None]
@@ -123,23 +124,38 @@ def token_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch
         return x.softmax(dim=-1)
     ks = to_device([p.top_k for p in params], dev)
     top_p = to_device([p.top_p for p in params], dev, torch.float32)
-    triton = dev.type == "cuda" and x.shape[0] >= TRITON_NUCLEUS_MIN_ROWS
-    low = _nucleus_op(triton)(logits, temps, ks, top_p)
-    return x.masked_fill_(logits < low[:, None], float("-inf")).softmax(dim=-1)
+    if dev.type == "cuda" and x.shape[0] >= TRITON_NUCLEUS_MIN_ROWS:
+        low = _triton_nucleus()(logits, temps, ks, top_p)
+        return x.masked_fill_(logits < low[:, None], float("-inf")).softmax(dim=-1)
+    return _sorted_probs(x, ks, top_p)
 
 
 # Rows from which the Triton nucleus_threshold (one program per row, 9+ passes over it) beats
-# the sorted reference on an H200 (bench/sampler.py).
-TRITON_NUCLEUS_MIN_ROWS = 8
+# sorting on an H100 (bench/results/sampler-h100-2026-12-05-s14.json): below it a long row on
+# one program is slower than the sort's kernels over it.
+TRITON_NUCLEUS_MIN_ROWS = 64
+
+
+def _sorted_probs(x: torch.Tensor, ks: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """token_probs by sorting x (logits / temperature): the top_k[b] first ranks (< 1: all),
+    then the most likely run whose mass before the last token is under top_p[b]."""
+    v = x.shape[-1]
+    sorted_x, idx = x.sort(dim=-1, descending=True)
+    ranks = torch.arange(v, device=x.device)
+    sorted_x.masked_fill_(ranks[None, :] >= torch.where(ks >= 1, ks, v)[:, None], float("-inf"))
+    sp = sorted_x.softmax(dim=-1)
+    # Drop a token once the mass before it reaches top_p (top_p >= 1 keeps all, even where the
+    # cumulative sum rounds past 1); the most likely one always stays.
+    drop = ((sp.cumsum(dim=-1) - sp) >= top_p[:, None]) & (top_p[:, None] < 1.0)
+    sorted_x.masked_fill_(drop, float("-inf"))
+    return torch.full_like(x, float("-inf")).scatter_(-1, idx, sorted_x).softmax(dim=-1)
 
 
 @functools.lru_cache(maxsize=None)
-def _nucleus_op(triton: bool) -> Callable[..., torch.Tensor]:
-    """nucleus_threshold of pdserve.kernels.nucleus (Triton, CUDA) or of the sorted reference."""
-    if triton:
-        from pdserve.kernels.nucleus import nucleus_threshold  # imports Triton: CUDA only
-    else:
-        from pdserve.kernels.reference import nucleus_threshold
+def _triton_nucleus() -> Callable[..., torch.Tensor]:
+    """pdserve.kernels.nucleus.nucleus_threshold, imported on first use (Triton: CUDA only)."""
+    from pdserve.kernels.nucleus import nucleus_threshold
+
     return nucleus_threshold
 
 
