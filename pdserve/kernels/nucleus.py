@@ -7,10 +7,11 @@ applied, renormalised over the top-k) reaches top-p. Sorting a [256, 128k] batch
 costs milliseconds; here one program per row finds the same logit by search over the float's
 order-preserving integer key: each pass over the row counts the tokens (and sums their
 probability mass) at or above NC candidate keys spread over the remaining interval (default
-4: the interval shrinks 5-fold per pass, and the row's key range, under 2^32, is exhausted in at
-most 14 passes; more candidates per pass cost more compares per element than the passes they
-save, measured on an H100). One program per row reads its row up to 15 times (29 with top-k),
-so the sampler sorts instead when a batch has few rows (see runtime/sampler.py). The
+2: the interval shrinks 3-fold per pass; a row's key range, under 2^32, takes at most 21 passes
+and a row of real logits far fewer; more candidates per pass cost more compares per element
+than the passes they save, measured on an H100 with 4096-token tiles). One program per row reads
+its row once per pass, so the sampler sorts instead when a batch has few rows (see
+runtime/sampler.py). The
 threshold is always the logit of a token of the row, so `logits >= threshold` is the exact kept
 set (ties at the threshold are all kept; the sorted twin keeps them too).
 """
@@ -23,7 +24,10 @@ import triton.language as tl
 
 from pdserve.kernels._common import FLOAT_DTYPES, check_device, check_dim, check_dtype, check_last_contiguous
 
-_CANDIDATES = 4  # keys tried per pass (the fastest on an H100 at 1 and 256 rows, 2026-12-05)
+# Keys tried per pass and tokens per tile: with 16 warps, the fastest of 12 settings on an H100
+# with top-k and top-p at 1, 64 and 256 rows and within 16 % of the fastest with top-p alone
+# (bench/results/sampler-h100-2026-12-05-s14.json).
+_CANDIDATES, _BLOCK = 2, 4096
 
 
 @triton.jit
@@ -116,7 +120,7 @@ def _nucleus_kernel(
 
 def nucleus_threshold(
     logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-    *, candidates: int = _CANDIDATES, block: int = 2048, num_warps: int = 16,
+    *, candidates: int = _CANDIDATES, block: int = _BLOCK, num_warps: int = 16,
 ) -> torch.Tensor:
     """Per row of logits [B, V], the smallest logit sampling keeps (float32 [B]): top-k first
     (top_k[b] < 1 or >= V: off), then top-p over the softmax of logits / temperature[b]

@@ -12,7 +12,9 @@ from kernel_helpers import DEVICE  # noqa: E402
 from pdserve.kernels import reference  # noqa: E402
 from pdserve.kernels.nucleus import nucleus_threshold  # noqa: E402
 
-V = 2500  # three tiles of 1024, the last one partial
+V = 2500  # one partial tile at the default 4096; three of 1024, the last one partial
+KNOBS = {"defaults": {}, "nc4-tiles1024": {"candidates": 4, "block": 1024, "num_warps": 8},
+         "nc8-tiles1024": {"candidates": 8, "block": 1024, "num_warps": 4}}
 # (temperature, top_k, top_p) per row: off, top-p only, top-k only, both, extremes
 ROWS = [(1.0, 0, 1.0), (1.0, 0, 0.9), (0.7, 0, 0.5), (1.3, 40, 1.0), (1.0, 40, 0.8), (0.5, 300, 0.95),
         (2.0, 1, 1.0), (1.0, 0, 1e-6), (1.0, V, 0.6), (1.0, -1, 0.95), (0.25, 7, 0.3), (4.0, 0, 0.97)]
@@ -32,12 +34,14 @@ def _assert_valid(x: torch.Tensor, temp: float, k: int, p: float, low: torch.Ten
     assert low >= kth and probs[x >= low].sum() >= min(p, 1.0) - 1e-5 and probs[x > low].sum() < p + 1e-5, low
 
 
+@pytest.mark.parametrize("knobs", KNOBS.values(), ids=KNOBS.keys())
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16-ties"])
-def test_threshold_equals_sorted_reference(dtype: torch.dtype) -> None:
-    """Random logits (bf16: many tied values, some at the threshold), one row per setting."""
+def test_threshold_equals_sorted_reference(dtype: torch.dtype, knobs: dict[str, int]) -> None:
+    """Random logits (bf16: many tied values, some at the threshold), one row per setting; the
+    tuning knobs (candidates per pass, tile, warps) change the search, never the result."""
     logits = (torch.randn(len(ROWS), V, device=DEVICE) * 3).to(dtype)
     temps, ks, ps = _params()
-    got = nucleus_threshold(logits, temps, ks, ps)
+    got = nucleus_threshold(logits, temps, ks, ps, **knobs)
     want = reference.nucleus_threshold(logits, temps, ks, ps)
     for r in (got != want).nonzero().flatten().tolist():  # fp32 sums in another order (1 row in ~300)
         _assert_valid(logits[r].float(), *ROWS[r], got[r])
