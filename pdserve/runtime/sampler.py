@@ -131,10 +131,10 @@ def token_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch
 
 
 # Rows from which the Triton nucleus_threshold (one program per row, a pass over it per search
-# step) beats sorting: on an H100 (bench/results/sampler-h100-2026-12-05-s14.json) top-p
-# sampling takes 1.02 ms sorted vs 1.03 ms at 32 rows, 1.59 vs 1.12 at 64, 5.10 vs 2.16 at 256;
-# with top-k as well, sorting still wins at 64 rows (1.59 vs 2.01 ms with the kernel's older
-# knobs) and loses from 128 (3.41 vs 2.62).
+# step) beats sorting. On an H100 (bench/results/sampler-h100-2026-12-05-s14b.json) top-p
+# sampling takes 1.04 ms sorted vs 0.97 through the kernel at 32 rows, 1.57 vs 1.07 at 64 and
+# 5.10 vs 2.13 at 256; with top-k as well sorting still wins at 64 rows (1.59 vs 1.77 ms) and
+# loses from 128 (3.69 vs 2.48). One bound for both keeps the rule simple.
 TRITON_NUCLEUS_MIN_ROWS = 64
 
 
