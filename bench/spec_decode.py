@@ -13,6 +13,15 @@ lookup: prompts that contain the text the model goes on to produce (a list to re
 copy with one change). Greedy; the two modes' tokens are compared (they must be equal). With
 --load-format dummy the weights are random, drafts are (almost) never accepted, and the
 figure measures only the cost of speculation, not its gain.
+
+    python bench/spec_decode.py --device cuda --dtype bfloat16 --load-format dummy --model LLAMA_CONFIG_DIR \
+        --speculative-config '{"model": "(first layers)", "num_speculative_tokens": 4}' \
+        --draft-layers 1 --draft-noise 0,0.5,1,2 --out F
+
+times draft-model speculation on random weights with a draft of known quality
+(pdserve/bench/layer_draft.py): the target keeps its cost but its layers from N on add nothing,
+the draft is its first N layers, each --draft-noise level perturbs the draft's head (0: every
+draft right). One result per level, each with its own plain baseline.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+from pdserve.bench.layer_draft import layer_draft, silence_layers_from
 from pdserve.bench.provenance import source_commit
 from pdserve.core.block_manager import BlockManager
 from pdserve.core.request import Sequence
@@ -105,24 +115,50 @@ def main() -> None:
                     help="torch CPU threads (0: torch's default; 1 avoids spin-wait collapse on a busy host)")
     ap.add_argument("--speculative-config", default='{"method": "ngram", "num_speculative_tokens": 4, '
                                                     '"prompt_lookup_max": 4, "prompt_lookup_min": 1}')
+    ap.add_argument("--draft-layers", type=int, default=0,
+                    help="draft = the target's first N layers, the target's later layers silenced (dummy weights)")
+    ap.add_argument("--draft-noise", default="0", help="with --draft-layers: comma-separated noise levels")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     spec = SpeculativeConfig.parse(args.speculative_config)
+    if args.draft_layers and (args.load_format != "dummy" or spec.method != "draft_model"):
+        ap.error("--draft-layers needs --load-format dummy and a draft-model --speculative-config")
     model_dir = resolve_model(args.model, require_weights=args.load_format != "dummy")
     mspec = ModelSpec.from_dir(model_dir)
     device = torch.device(args.device)
-    runner = ModelRunner(mspec, model_dir, device=device, dtype=getattr(torch, args.dtype), num_blocks=256,
+    dtype = getattr(torch, args.dtype)
+    runner = ModelRunner(mspec, model_dir, device=device, dtype=dtype, num_blocks=256,
                          block_size=16, load_format=args.load_format, max_model_len=1024, max_num_seqs=1)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     prompts = tokenize(model_dir, PROMPTS, mspec.vocab_size)
     engine = SpeculativeRunner(runner, spec.num_speculative_tokens)  # the decode worker's: verify graphs on CUDA
-    draft = None
-    if spec.method == "draft_model":
-        draft_dir = resolve_model(spec.model, require_weights=args.load_format != "dummy")
-        draft = ModelRunner(ModelSpec.from_dir(draft_dir), draft_dir, device=device, dtype=getattr(torch, args.dtype),
-                            num_blocks=256, block_size=16, load_format=args.load_format, max_model_len=1024,
-                            max_num_seqs=1)
+    if args.draft_layers:
+        silence_layers_from(runner, args.draft_layers)
+        results = {}
+        for noise in (float(x) for x in args.draft_noise.split(",")):
+            draft = layer_draft(runner, args.draft_layers, noise=noise, num_blocks=256, max_num_seqs=1)
+            res = measure(runner, prompts, spec, sync, engine, draft, args, mspec, device)
+            results[str(noise)] = res | {"draft": f"first {args.draft_layers} layers of the target, head noise {noise}"}
+            del draft
+        res = {"bench": "spec_decode_layer_draft", "draft_layers": args.draft_layers, "by_noise": results,
+               "construction": (layer_draft.__module__ + ": the target's layers from draft_layers on have zero "
+                                "o/down projections (same cost per step), the draft is its first layers")}
+    else:
+        draft = None
+        if spec.method == "draft_model":
+            draft_dir = resolve_model(spec.model, require_weights=args.load_format != "dummy")
+            draft = ModelRunner(ModelSpec.from_dir(draft_dir), draft_dir, device=device, dtype=dtype, num_blocks=256,
+                                block_size=16, load_format=args.load_format, max_model_len=1024, max_num_seqs=1)
+        res = measure(runner, prompts, spec, sync, engine, draft, args, mspec, device)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
+    print(json.dumps(res, indent=2))
+
+
+def measure(runner: ModelRunner, prompts: list[list[int]], spec: SpeculativeConfig, sync, engine: SpeculativeRunner,
+            draft: ModelRunner | None, args: argparse.Namespace, mspec: ModelSpec, device: torch.device) -> dict:
+    """Warm-up, then plain and speculative runs alternating per prompt; the report."""
     run_one(runner, prompts[0], 8, spec, sync, engine, draft)  # warm-up (first-call costs, both paths)
     run_one(runner, prompts[0], 8, None, sync)
     runs: dict[str, list[dict]] = {"plain": [], "spec": []}
@@ -133,10 +169,7 @@ def main() -> None:
                 runs[mode].append(r)
                 print(mode, len(p), f"{(len(r['tokens']) - 1) / r['decode_seconds']:.1f} tok/s",
                       r["decode_steps"], "steps", r["accepted"], "/", r["drafted"], "accepted", flush=True)
-    res = report(runs, args, mspec, device, engine.graphs is not None)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
-    print(json.dumps(res, indent=2))
+    return report(runs, args, mspec, device, engine.graphs is not None)
 
 
 def report(runs: dict[str, list[dict]], args: argparse.Namespace, mspec: ModelSpec, device: torch.device,
