@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 
-import openai
 import pytest
 
-from pdserve.client import Client
-from pdserve.launch import Stack, free_port
-from pdtest.stack import assert_no_leaks
+openai = pytest.importorskip("openai")  # a test extra (pyproject.toml); the GPU machine lacks it
+
+from pdserve.client import Client  # noqa: E402
+from pdserve.launch import Stack, free_port  # noqa: E402
+from pdtest.stack import assert_no_leaks  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
