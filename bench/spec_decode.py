@@ -159,9 +159,9 @@ def main() -> None:
 def measure(runner: ModelRunner, prompts: list[list[int]], spec: SpeculativeConfig, sync, engine: SpeculativeRunner,
             draft: ModelRunner | None, args: argparse.Namespace, mspec: ModelSpec, device: torch.device) -> dict:
     """Warm-up, then plain and speculative runs alternating per prompt; the report."""
-    for p in prompts:  # warm-up: first-call costs of each prompt length (prefill shapes), both paths
-        run_one(runner, p, 8, spec, sync, engine, draft)
-        run_one(runner, p, 8, None, sync)
+    for p in prompts:  # warm-up: one untimed repeat. Greedy runs repeat their step shapes exactly,
+        run_one(runner, p, args.max_tokens, spec, sync, engine, draft)  # so the timed ones meet
+        run_one(runner, p, args.max_tokens, None, sync)  # no first-call costs (Triton compiles)
     runs: dict[str, list[dict]] = {"plain": [], "spec": []}
     for _ in range(args.repeats):
         for p in prompts:
