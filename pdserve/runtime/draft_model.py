@@ -4,7 +4,8 @@
 The draft model has its own ModelRunner, KV pool and block bookkeeping. Each step, for every
 running sequence at once: one forward feeds the tokens the draft has not cached yet (the whole
 prompt the first time, afterwards the tokens emitted since the last step) and samples the
-first draft, then K - 1 single-token steps sample the rest. Drafts are greedy (argmax): a
+first draft, then K - 1 single-token steps sample the rest, queued without waiting (each reads
+its token on the device where the step before sampled it). Drafts are greedy (argmax): a
 point-mass proposal, so runtime/spec_verify.py's rule keeps sampled output exact.
 
 What the draft pool holds for a sequence is its real tokens up to the last step plus the
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from pdserve.core.block_manager import BlockManager, NoFreeBlocks
 from pdserve.core.request import Sequence
 from pdserve.core.sampling import SamplingParams
-from pdserve.core.step_io import SeqSlice, StepInput
+from pdserve.core.step_io import PLACEHOLDER, SeqSlice, StepInput
 from pdserve.model.spec import ModelSpec
 from pdserve.runtime.runner import ModelRunner
 
@@ -74,12 +75,18 @@ class DraftModelProposer:
             todo[seq.request_id] = (n, limit, table)
         if not first:
             return {}
-        drafts = {rid: [tok] for rid, tok in self.runner.execute(StepInput(tuple(first))).sampled.items()}
+        # The K steps are queued back to back: each later one reads its token where the step
+        # before sampled it, on the device (prev_row), so the host waits once, not K times.
+        launched = [self.runner.launch(StepInput(tuple(first)))]
         for i in range(1, max(limit for _, limit, _ in todo.values())):
-            step = tuple(SeqSlice(rid, (drafts[rid][-1],), n + i - 1, table, _GREEDY)
+            row = {rid: r for r, rid in enumerate(launched[-1].request_ids)}
+            step = tuple(SeqSlice(rid, (PLACEHOLDER,), n + i - 1, table, _GREEDY, prev_row=row[rid])
                          for rid, (n, limit, table) in todo.items() if limit > i)
-            for rid, tok in self.runner.execute(StepInput(step)).sampled.items():
-                drafts[rid].append(tok)
+            launched.append(self.runner.launch(StepInput(step)))
+        drafts: dict[str, list[int]] = {}
+        for done in launched:
+            for rid, tok in done.result().sampled.items():
+                drafts.setdefault(rid, []).append(tok)
         for rid, (n, _, _) in todo.items():
             cached = self._seqs[rid]
             cached.real, cached.written = n, tuple(drafts[rid][:-1])  # the last draft has no KV

@@ -50,3 +50,27 @@ def test_bad_arguments_name_the_field(layers: int, noise: float, message: str) -
     with pytest.raises(ValueError, match=message):
         silence_layers_from(target, layers)
         layer_draft(target, layers, noise=noise, num_blocks=8)
+
+
+@pytest.mark.gpu
+def test_graphed_draft_steps_draft_every_token_on_cuda() -> None:
+    """On CUDA the draft's K steps replay its decode graphs queued back to back, each reading
+    its token where the step before sampled it: with the layer draft every draft is right."""
+    import torch
+
+    from pdserve.model.spec import ModelSpec
+    from pdserve.runtime.runner import ModelRunner
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    target = ModelRunner(ModelSpec.from_config_dict(THREE_LAYERS), None, device="cuda", dtype=torch.float32,
+                         num_blocks=64, block_size=4, load_format="dummy", seed=5, max_num_seqs=8)
+    silence_layers_from(target, 1)
+    plain, _, _ = serve(target, None, 64, GREEDY)
+    draft = layer_draft(target, 1, num_blocks=64, max_num_seqs=8)
+    assert draft.graphs is not None
+    replays: list[int] = []
+    run = draft.graphs.run
+    draft.graphs.run = lambda seqs: replays.append(len(seqs)) or run(seqs)  # type: ignore[method-assign]
+    spec, sched, _ = serve(target, draft, 64, GREEDY)
+    st = sched.spec.stats
+    assert spec == plain and replays and st.accepted >= 0.95 * st.proposed, (len(replays), st)
