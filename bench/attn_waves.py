@@ -90,11 +90,54 @@ def sweep(seqs: int, context: int, read_gbs: float) -> dict:
             "best_over_default": default["ms"] / best["ms"], "rows": rows}
 
 
+def fp8_pool(seqs: int, context: int) -> tuple:
+    """pool() over an fp8 e4m3 cache with per-token scales (the kvquant layout)."""
+    from pdserve.model.spec import ModelSpec
+    from pdserve.runtime.kv_quant import allocate_quant_pool, layer_views
+
+    spec = ModelSpec.from_config_dict(dict(model_type="llama", hidden_size=HQ * D, intermediate_size=64,
+                                           num_hidden_layers=1, num_attention_heads=HQ,
+                                           num_key_value_heads=HK, vocab_size=128))
+    need = triton.cdiv(context, S)
+    kv = allocate_quant_pool(spec, seqs * need, S, "fp8_e4m3", "cuda")
+    kv.view(torch.uint8).random_(0, 120)  # finite fp8 values, positive scales
+    kc, vc, ks, vs = layer_views(kv, 0, D)
+    tables = torch.zeros(seqs, WIDTH // S, dtype=torch.int32, device="cuda")
+    tables[:, :need] = torch.randperm(seqs * need, device="cuda").int().view(seqs, need)
+    lens = torch.full((seqs,), context, dtype=torch.int32, device="cuda")
+    q = torch.randn(seqs, HQ, D, dtype=torch.bfloat16, device="cuda")
+    return q, kc, vc, tables, lens, ks, vs
+
+
+def part_sweep(kv: str) -> list[dict]:
+    """Every partition size at default tiles, batch 1-256 x 1k/4k context: the best one against
+    the default heuristic's pick."""
+    rows = []
+    for seqs, context in itertools.product((1, 4, 8, 16, 32, 64, 128, 256), (1024, 4096)):
+        q, kc, vc, tables, lens, *scales = fp8_pool(seqs, context) if kv == "fp8" else pool(seqs, context)
+        auto = default_partition_size(seqs, HK, WIDTH, q.device)
+        times = {part: _ms(lambda p=part: decode_with_partitions(q, kc, vc, tables, lens, D**-0.5, p, *scales))
+                 for part in (4096, 2048, 1024, 512, 256, 128)}
+        best = min(times, key=times.get)
+        rows.append({"kv": kv, "seqs": seqs, "context": context, "auto_part": auto, "best_part": best,
+                     "ms_by_part": times, "auto_over_best": times[auto] / times[best]})
+        print(f"{kv} {seqs}x{context}: auto {auto} {times[auto]:.4f} ms, best {best} {times[best]:.4f} ms "
+              f"(x{times[auto] / times[best]:.3f}) " + " ".join(f"{p}:{t:.4f}" for p, t in times.items()), flush=True)
+        del q, kc, vc, tables, lens, scales
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
     p.add_argument("--cases", default="256x1024,128x1024,256x4096,64x4096")
+    p.add_argument("--parts", action="store_true", help="only the partition sweep (bf16 and fp8)")
     a = p.parse_args()
+    if a.parts:
+        res = {"gpu": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
+               "commit": source_commit() or "unknown", "parts": part_sweep("bf16") + part_sweep("fp8")}
+        Path(a.out).write_text(json.dumps(res, indent=1))
+        return
     res = {"gpu": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
            "commit": source_commit() or "unknown", "copy_GBps": copy_bandwidth_gbs()}
     res["read"] = read_bandwidth_gbs()
