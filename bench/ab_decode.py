@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+import pdserve.kernels.decode_attention as decode_attention
 import pdserve.kernels.gemv as gemv
 import pdserve.kernels.triton_ops as ops
 from pdserve.kernels.decode_attention import paged_decode_attention
@@ -74,6 +75,7 @@ class Variant:
     glu: bool = True  # SiLU-and-mul inside the gate_up gemv
     rope_decode: bool = True  # rotary + KV write inside the decode attention kernel
     blas: str = "cublas"  # torch's GEMM library (batches past the gemv's reach)
+    split_per_sm: int = 2  # decode attention splits sequences until this many programs per SM
 
 
 VARIANTS = {
@@ -81,6 +83,7 @@ VARIANTS = {
     "rope_apart": Variant(rope_decode=False),  # the default before 2026-12-05
     "cublaslt": Variant(blas="cublaslt"),
     "separate": Variant(False, False, 0, False, False),
+    "split8": Variant(split_per_sm=8),  # the split heuristic before 2026-12-05
 }
 
 
@@ -91,6 +94,7 @@ def apply(v: Variant) -> None:
     ops.decode_rotary_attention = decode_rotary_attention if v.rope_decode else unfused_decode_rotary_attention
     gemv.PREFETCH_BYTES = v.prefetch
     torch.backends.cuda.preferred_blas_library(v.blas)
+    decode_attention._PROGRAMS_PER_SM = v.split_per_sm
 
 
 def main() -> None:
@@ -101,7 +105,11 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=1, help="sequences per step (the default: batch-1 decode)")
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--iters", type=int, default=100)
+    p.add_argument("--variants", default=",".join(VARIANTS), help=f"subset of {','.join(VARIANTS)}")
     a = p.parse_args()
+    if unknown := set(a.variants.split(",")) - set(VARIANTS):
+        p.error(f"--variants: unknown {sorted(unknown)}; choose from {','.join(VARIANTS)}")
+    variants = {name: VARIANTS[name] for name in a.variants.split(",")}
     spec = ModelSpec.from_config_dict(json.loads((CONFIGS / f"{a.model}.json").read_text()))
     max_len = 4096 + 64
     blocks = max(max_len // BS, a.batch * (a.ctx // BS + 1)) + 64
@@ -109,10 +117,10 @@ def main() -> None:
                          block_size=BS, load_format="dummy", max_model_len=max_len, max_num_seqs=a.batch)
     runner.kv_pool.normal_()
     step = decode_step(a.batch, a.ctx, spec.vocab_size)
-    times: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    times: dict[str, list[float]] = {name: [] for name in variants}
     tokens: dict[str, int] = {}
     for _ in range(a.rounds):
-        for name, variant in VARIANTS.items():
+        for name, variant in variants.items():
             apply(variant)
             runner.graphs = DecodeGraphs(runner.model, runner.kv_pool, block_size=BS,
                                          max_model_len=runner.max_model_len, max_num_seqs=a.batch)

@@ -42,7 +42,12 @@ class RopeWrite:
     slot_mapping: torch.Tensor
 
 _TILES = {"masked": 0, "tail": 1, "soft": 2}
-_PROGRAMS_PER_SM = 8
+# Split a sequence only until the grid holds 2 programs per SM: every batch 1-256 x 1k/4k
+# context (table 4k wide, Llama-3.1-8B heads) ran fastest at or within 1 % of this pick on an
+# H100, except 32 x 1k (6 % off the unsplit launch), where 8 per SM (the value before
+# 2026-12-05) lost 3-12 % at batch 16-128: a split adds a merge kernel and splits the sequence's
+# page reads (bench/attn_waves.py --parts, bench/results/attn-parts-h100-2026-12-05-s15b.json).
+_PROGRAMS_PER_SM = 2
 
 
 @triton.jit
@@ -201,11 +206,16 @@ def _merge_kernel(
 
 
 def default_partition_size(batch: int, kv_heads: int, max_context: int, device: torch.device) -> int:
-    """Largest power-of-two partition (>= 256 tokens) that still gives ~8 programs per SM."""
+    """Largest power-of-two partition (>= 256 tokens) that still gives 2 programs per SM."""
     index = device.index
     if index is None:
         index = torch.cuda.current_device() if device.type == "cuda" else 0
-    target = _PROGRAMS_PER_SM * num_sms(index)
+    return partition_for(batch, kv_heads, max_context, num_sms(index))
+
+
+def partition_for(batch: int, kv_heads: int, max_context: int, sms: int) -> int:
+    """default_partition_size on a GPU of `sms` streaming multiprocessors."""
+    target = _PROGRAMS_PER_SM * sms
     part = max(_MIN_PARTITION, next_pow2(max_context))
     while part > _MIN_PARTITION and batch * kv_heads * triton.cdiv(max_context, part) < target:
         part //= 2

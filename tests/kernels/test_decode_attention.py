@@ -63,11 +63,22 @@ def test_decode_rejects_int64_block_tables() -> None:
 
 
 def test_default_partition_splits_only_when_the_grid_is_small() -> None:
-    from pdserve.kernels.decode_attention import default_partition_size
+    from pdserve.kernels.decode_attention import default_partition_size, partition_for
 
-    assert default_partition_size(1, 1, 8192, DEVICE) == 256  # one long sequence: max split
+    assert partition_for(1, 1, 8192, 132) == 256  # one long sequence: max split
+    assert default_partition_size(1, 1, 8192, DEVICE) < 8192  # split on this device too
     assert default_partition_size(1024, 8, 4096, DEVICE) == 4096  # big batch: no split
     assert default_partition_size(4, 2, 64, DEVICE) == 256  # short context: one partition
+
+
+@pytest.mark.parametrize(("batch", "best"), [(1, 256), (4, 256), (8, 512), (16, 1024), (32, 2048), (64, 4096),
+                                             (256, 4096)])
+def test_partition_on_132_sms_is_the_measured_best(batch: int, best: int) -> None:
+    """The partition each batch of 4k-context sequences (8 KV heads) ran fastest with on an
+    H100 (bench/results/attn-parts-h100-2026-12-05-s15b.json)."""
+    from pdserve.kernels.decode_attention import partition_for
+
+    assert partition_for(batch, 8, 4096, 132) == best
 
 
 @pytest.mark.parametrize("tiles", ["masked", "tail"])
