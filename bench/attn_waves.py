@@ -127,12 +127,39 @@ def part_sweep(kv: str) -> list[dict]:
     return rows
 
 
+def floor() -> list[dict]:
+    """Kernel by kernel (torch profiler, device time) at batch 1 x 1k, split and unsplit, bf16 and
+    fp8: where a small split launch's fixed cost goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    rows = []
+    for kv, part in itertools.product(("bf16", "fp8"), (4096, 256)):
+        q, kc, vc, tables, lens, *scales = fp8_pool(1, 1024) if kv == "fp8" else pool(1, 1024)
+        fn = lambda: decode_with_partitions(q, kc, vc, tables, lens, D**-0.5, part, *scales)  # noqa: E731
+        for _ in range(20):
+            fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(50):
+                fn()
+            torch.cuda.synchronize()
+        kernels = {e.key: e.device_time_total / e.count for e in prof.key_averages() if e.device_time_total > 0}
+        rows.append({"kv": kv, "part": part, "us_per_call": kernels, "bench_ms": _ms(fn)})
+        print(kv, part, {k[:40]: round(v, 2) for k, v in kernels.items()}, f"do_bench {rows[-1]['bench_ms']:.4f} ms",
+              flush=True)
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
     p.add_argument("--cases", default="256x1024,128x1024,256x4096,64x4096")
     p.add_argument("--parts", action="store_true", help="only the partition sweep (bf16 and fp8)")
+    p.add_argument("--floor", action="store_true", help="only the batch-1 kernel-by-kernel profile")
     a = p.parse_args()
+    if a.floor:
+        Path(a.out).write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "floor": floor()}, indent=1))
+        return
     if a.parts:
         res = {"gpu": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
                "commit": source_commit() or "unknown", "parts": part_sweep("bf16") + part_sweep("fp8")}
