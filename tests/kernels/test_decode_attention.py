@@ -71,11 +71,11 @@ def test_default_partition_splits_only_when_the_grid_is_small() -> None:
     assert default_partition_size(4, 2, 64, DEVICE) == 256  # short context: one partition
 
 
-@pytest.mark.parametrize(("batch", "best"), [(1, 256), (4, 256), (8, 512), (16, 1024), (32, 2048), (64, 4096),
-                                             (256, 4096)])
+@pytest.mark.parametrize(("batch", "best"), [(8, 512), (16, 1024), (32, 2048), (64, 4096), (256, 4096)])
 def test_partition_on_132_sms_is_the_measured_best(batch: int, best: int) -> None:
     """The partition each batch of 4k-context sequences (8 KV heads) ran fastest with on an
-    H100 (bench/results/attn-parts-h100-2026-12-05-s15b.json)."""
+    H100 (bench/results/attn-parts-h100-2026-12-05-s15b.json; below batch 8 that sweep timed
+    the host's launch, not the kernels)."""
     from pdserve.kernels.decode_attention import partition_for
 
     assert partition_for(batch, 8, 4096, 132) == best
