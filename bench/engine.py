@@ -197,10 +197,20 @@ def loop_figures(runner: ModelRunner, spec: ModelSpec, wbytes: int, kv_tok: int,
 
 def sampled_loop_figures(runner: ModelRunner, spec: ModelSpec) -> dict:
     """Engine-loop decode at 1k context with temperature 1 and top-p 0.9 (every row drawn),
-    overlap on and off, at batch 1 and 256."""
-    return {f"decode_loop_sampled_{name}_tok_s_by_batch": {
+    overlap on and off, at batch 1 and 256; and overlapped with the one-kernel draw off
+    (sampler.KERNEL_SAMPLING: sorting or nucleus_threshold, then the exponential race)."""
+    from pdserve.runtime import sampler
+
+    res = {f"decode_loop_sampled_{name}_tok_s_by_batch": {
         str(b): loop_decode(runner, spec, b, 1024, overlap, temperature=1.0, top_p=0.9) for b in (1, 256)}
         for name, overlap in (("overlap", True), ("plain", False))}
+    sampler.KERNEL_SAMPLING = False
+    try:
+        res["decode_loop_sampled_overlap_no_kernel_tok_s_by_batch"] = {
+            str(b): loop_decode(runner, spec, b, 1024, True, temperature=1.0, top_p=0.9) for b in (1, 256)}
+    finally:
+        sampler.KERNEL_SAMPLING = True
+    return res
 
 
 def prefill_figures(runner: ModelRunner, spec: ModelSpec, wbytes: int, mm_tflops: float) -> dict:

@@ -1,6 +1,8 @@
 """Sampling cost per decode step on one CUDA GPU: the sampler's two top-k/top-p paths, the
 sort-free one (Triton nucleus_threshold) and the sorted one, at each batch size; the sampler
-takes the first from TRITON_NUCLEUS_MIN_ROWS rows.
+takes the first from TRITON_NUCLEUS_MIN_ROWS rows. Rows without top-k (temperature alone, or
+with top-p) also time the one-kernel draw (kernels/sample.py, the sampler's default for them
+since 2026-12-05: `sample_<setting>_kernel`); the other figures are taken with it off.
 
     python bench/sampler.py --out bench/results/sampler-<gpu>-<date>.json
 
@@ -39,12 +41,14 @@ KNOBS = [(nc, block, warps) for nc in (2, 4, 8) for block, warps in ((1024, 8), 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
+    p.add_argument("--knobs", action="store_true", help="also sweep nucleus_threshold's tuning knobs")
     a = p.parse_args()
     gbps = copy_bandwidth()
     res: dict = {"gpu": torch.cuda.get_device_name(), "commit": source_commit(), "copy_GBps": gbps,
                  "vocab": VOCAB, "triton_min_rows": sampler.TRITON_NUCLEUS_MIN_ROWS, "ms": {}}
     settings = {"top_p": SamplingParams(temperature=1.0, top_p=0.9),
-                "top_k_top_p": SamplingParams(temperature=1.0, top_k=50, top_p=0.9)}
+                "top_k_top_p": SamplingParams(temperature=1.0, top_k=50, top_p=0.9),
+                "temperature": SamplingParams(temperature=1.0)}
     default_rows = sampler.TRITON_NUCLEUS_MIN_ROWS
     for b in (1, 8, 16, 32, 64, 128, 256):
         logits = (torch.randn(b, VOCAB, device="cuda") * 4).bfloat16()
@@ -52,22 +56,27 @@ def main() -> None:
         x = logits.float()
         for name, sp in settings.items():
             params, pos = [sp] * b, list(range(b))
+            sampler.KERNEL_SAMPLING = False
             for impl, min_rows in (("sorted", b + 1), ("threshold", 1)):
                 sampler.TRITON_NUCLEUS_MIN_ROWS = min_rows
                 row[f"sample_{name}_{impl}"] = timed(lambda: sample_on_device(logits, params, pos), iters=20) * 1e3
-            sampler.TRITON_NUCLEUS_MIN_ROWS = default_rows
+            sampler.TRITON_NUCLEUS_MIN_ROWS, sampler.KERNEL_SAMPLING = default_rows, True
+            if sp.top_k < 1:
+                row[f"sample_{name}_kernel"] = timed(lambda: sample_on_device(logits, params, pos), iters=20) * 1e3
+            if name == "temperature":
+                continue
             t, k, q = (to_device([v] * b, x.device, dt) for v, dt in
                        ((sp.temperature, torch.float32), (sp.top_k, torch.int64), (sp.top_p, torch.float32)))
             for impl, fn in (("sorted_reference", reference.nucleus_threshold), ("triton", nucleus_threshold)):
                 row[f"threshold_{name}_{impl}"] = timed(lambda: fn(x, t, k, q), iters=20) * 1e3
-            if b in (1, 64, 256):  # the kernel's knobs
+            if a.knobs and b in (1, 64, 256):  # the kernel's knobs
                 for nc, block, warps in KNOBS:
                     fn = lambda: nucleus_threshold(x, t, k, q, candidates=nc, block=block, num_warps=warps)  # noqa: E731
                     row[f"threshold_{name}_triton_nc{nc}_b{block}_w{warps}"] = timed(fn, iters=20) * 1e3
         res["ms"][str(b)] = row
         print(b, " ".join(f"{key} {v:.3f}" for key, v in row.items() if "_nc" not in key), flush=True)
-        if b in (1, 64, 256):
-            for name in settings:
+        if a.knobs and b in (1, 64, 256):
+            for name in ("top_p", "top_k_top_p"):
                 best = sorted((v, key) for key, v in row.items() if key.startswith(f"threshold_{name}_triton_nc"))
                 print("   fastest", name, " ".join(f"{key.split('triton_')[1]} {v:.3f}" for v, key in best[:4]))
     Path(a.out).write_text(json.dumps(res, indent=1))

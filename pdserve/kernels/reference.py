@@ -274,3 +274,19 @@ def nucleus_threshold(
     before = sp.cumsum(dim=-1) - sp  # mass of the more likely tokens
     kept &= (before < top_p[:, None]) | (top_p[:, None] >= 1.0)
     return s.gather(1, (kept.sum(dim=-1) - 1)[:, None]).squeeze(1)
+
+
+def top_p_probs(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """The distribution kernels.sample.sample_top_p draws each row from (float64 [B, V]):
+    softmax(logits / temperature[b]) over the tokens whose strictly more likely mass is under
+    top_p[b] (>= 1: every token), renormalised; tokens of equal logit are kept together."""
+    x = logits.double() / temperature.double()[:, None]
+    probs = x.softmax(dim=-1)
+    asc, order = x.sort(dim=-1)
+    upto = probs.gather(1, order).cumsum(dim=-1)  # mass of the tokens at or below each, ascending
+    at_or_below = upto.gather(1, torch.searchsorted(asc, x, right=True) - 1)
+    above = (upto[:, -1:] - at_or_below).clamp(min=0.0)
+    kept = (above < top_p.double()[:, None]) | (top_p[:, None] >= 1.0)
+    kept &= probs > 0
+    probs = probs * kept
+    return probs / probs.sum(dim=-1, keepdim=True)

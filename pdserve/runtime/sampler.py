@@ -1,8 +1,9 @@
 """Batched token sampling: greedy, temperature, top-k, top-p, suppressed ids, per-request seeds.
 
 A seeded request draws the token at position p from a generator seeded with
-`position_seed(seed, p)` alone, so a token does not depend on batch composition, on the
-request's earlier draws, or on which worker (prefill or decode) samples it.
+`position_seed(seed, p)` alone (on CUDA, a row without top-k draws in kernels/sample.py, whose
+Philox key is that seed), so a token does not depend on batch composition, on the request's
+earlier draws, or on which worker (prefill or decode) samples it.
 """
 
 from __future__ import annotations
@@ -56,7 +57,6 @@ def sample_on_device(
     if all(p.greedy for p in params) and not (suppress and any(suppress)):
         return argmax_rows(logits)  # in the logits' dtype: upcasting changes no order
     dev = logits.device
-    logits = logits.float()
     if suppress is not None:
         rows = [b for b, ids in enumerate(suppress) for _ in ids]
         cols = [t for ids in suppress for t in ids]
@@ -64,17 +64,56 @@ def sample_on_device(
             logits = logits.clone()  # masked in place; the caller's tensor stays intact
             # index_put_ with a device value: a Python scalar would be copied from host memory
             logits.index_put_((to_device(rows, dev), to_device(cols, dev)),
-                              torch.full((), float("-inf"), device=dev))
+                              torch.full((), float("-inf"), device=dev, dtype=logits.dtype))
     rows = [b for b, p in enumerate(params) if not p.greedy]
     if not rows:
         return argmax_rows(logits)
-    seeds, pos = [params[b].seed for b in rows], [positions[b] for b in rows]
-    if len(rows) == len(params):  # all drawn: no gather, no scatter
-        return _draw(token_probs(logits, params), seeds, pos, generator)
+    vocab = logits.shape[1]
+    fast = [b for b in rows if _kernel_draws(params[b], vocab, dev)]
+    groups = [(g, draw) for g, draw in ((fast, _kernel_draw), ([b for b in rows if b not in set(fast)], _sorted_draw))
+              if g]
+    if len(groups) == 1 and len(groups[0][0]) == len(params):  # all drawn one way: no gather, no scatter
+        return groups[0][1](logits, params, positions, generator)
     out = argmax_rows(logits)
-    index = to_device(rows, dev)
-    probs = token_probs(logits.index_select(0, index), [params[b] for b in rows])
-    return out.index_copy_(0, index, _draw(probs, seeds, pos, generator))
+    for g, draw in groups:
+        index = to_device(g, dev)
+        out.index_copy_(0, index, draw(logits.index_select(0, index), [params[b] for b in g],
+                                       [positions[b] for b in g], generator))
+    return out
+
+
+# Temperature / top-p rows on CUDA draw in one Triton kernel (kernels/sample.py: no sort, no
+# probability tensor); rows with top-k, and every row elsewhere, through token_probs + _draw.
+KERNEL_SAMPLING = True
+
+
+def _kernel_draws(p: SamplingParams, vocab: int, device: torch.device) -> bool:
+    return KERNEL_SAMPLING and device.type == "cuda" and (p.top_k < 1 or p.top_k >= vocab)
+
+
+def _kernel_draw(logits: torch.Tensor, params: Sequence[SamplingParams], positions: Sequence[int],
+                 generator: torch.Generator | None) -> torch.Tensor:
+    """kernels.sample.sample_top_p over drawn rows without top-k; a seeded row's Philox key is
+    position_seed(seed, position), an unseeded row's comes from `generator`."""
+    dev = logits.device
+    temps = to_device([p.temperature for p in params], dev, torch.float32)
+    top_p = to_device([p.top_p for p in params], dev, torch.float32)
+    seeded = [r for r, p in enumerate(params) if p.seed is not None]
+    keys = [position_seed(params[r].seed, positions[r]) for r in seeded]  # type: ignore[arg-type]
+    if len(seeded) == len(params):
+        seeds = to_device(keys, dev)
+    else:
+        seeds = torch.randint(0, 2**62, (len(params),), generator=generator, device=dev)
+        if seeded:
+            seeds.index_copy_(0, to_device(seeded, dev), to_device(keys, dev))
+    return _triton_sample()(logits, temps, top_p, seeds)
+
+
+def _sorted_draw(logits: torch.Tensor, params: Sequence[SamplingParams], positions: Sequence[int],
+                 generator: torch.Generator | None) -> torch.Tensor:
+    """token_probs in float32, then the exponential race of _draw."""
+    probs = token_probs(logits.float(), params)
+    return _draw(probs, [p.seed for p in params], positions, generator)
 
 
 def to_device(values: Sequence[int] | Sequence[float], device: torch.device,
@@ -151,6 +190,14 @@ def _sorted_probs(x: torch.Tensor, ks: torch.Tensor, top_p: torch.Tensor) -> tor
     drop = ((sp.cumsum(dim=-1) - sp) >= top_p[:, None]) & (top_p[:, None] < 1.0)
     sorted_x.masked_fill_(drop, float("-inf"))
     return torch.full_like(x, float("-inf")).scatter_(-1, idx, sorted_x).softmax(dim=-1)
+
+
+@functools.lru_cache(maxsize=None)
+def _triton_sample() -> Callable[..., torch.Tensor]:
+    """pdserve.kernels.sample.sample_top_p, imported on first use (Triton: CUDA only)."""
+    from pdserve.kernels.sample import sample_top_p
+
+    return sample_top_p
 
 
 @functools.lru_cache(maxsize=None)

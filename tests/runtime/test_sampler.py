@@ -184,3 +184,31 @@ def test_cuda_token_probs_match_the_cpu_path(rows: int, monkeypatch: pytest.Monk
     assert len(moved) == len(rows_moved) <= rows // 16, moved
     same = [r for r in range(rows) if r not in rows_moved]
     torch.testing.assert_close(gpu[same], cpu[same], rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.gpu
+def test_cuda_kernel_draws_ignore_batch_composition() -> None:
+    """On CUDA a seeded temperature/top-p row draws in kernels/sample.py: its token is the same
+    alone, beside greedy, top-k and unseeded rows, and whatever the runner's generator holds."""
+    row = _logits(1, seed=1).cuda()
+    p = SamplingParams(temperature=0.9, top_p=0.8, seed=42)
+    alone = [sample_tokens(row, [p], [pos])[0] for pos in range(30)]
+    others = _logits(3, seed=2).cuda()
+    mixed = []
+    for pos in range(30):
+        batch = torch.cat([others[:2], row, others[2:]])
+        params = [SamplingParams(temperature=0.7), SamplingParams(temperature=1.0, top_k=5), p,
+                  SamplingParams(temperature=0.0)]
+        gen = torch.Generator(device="cuda").manual_seed(pos)
+        mixed.append(sample_tokens(batch, params, [pos + 3, 5, pos, pos], generator=gen)[2])
+    assert alone == mixed
+    assert len(set(alone)) > 3
+    kept = reference_top_p(row, p)
+    assert all(kept[t] > 0 for t in alone)
+
+
+def reference_top_p(row: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    from pdserve.kernels import reference
+
+    t = torch.tensor([p.temperature], device=row.device)
+    return reference.top_p_probs(row, t, torch.tensor([p.top_p], device=row.device))[0].cpu()

@@ -1,0 +1,137 @@
+"""Temperature and top-p sampling of each row of logits in one kernel: no sort, no probability
+tensor (distribution twin: reference.top_p_probs; the sampler's sorted path draws from it).
+
+One program per row. Without top-p a draw is one pass: the Gumbel-max trick, argmax of
+x / T + G with G = -log(-log(U)) and U uniform from Philox keyed by the row's seed and the
+token's index, picks token j with probability softmax(x / T)_j. With top-p (rejection
+sampling, as FlashInfer's sampling kernels do): a first pass finds the row's max and softmax
+sum, then a draw over the tokens above a pivot (at first none is excluded) and a pass summing
+the mass of the tokens strictly more likely than the drawn one; if that mass is under top_p the
+token is in the nucleus and is the answer, else every token at or below it is outside too, the
+pivot rises to it and the next round draws again with fresh numbers. The answer's distribution
+is exactly the nucleus's (each round draws from the nucleus's distribution conditioned on the
+tokens above the pivot, a superset of the nucleus), and a round succeeds with probability at
+least top_p, so a row takes 1 / top_p rounds on average. After MAX_ROUNDS (never reached in
+practice: at top_p 0.1 the chance is below 0.9^64) the row's most likely token is returned.
+Ties: a token is in the nucleus when the mass strictly above it is under top_p, so tokens of
+equal logit are kept or dropped together, as nucleus_threshold's `logits >= threshold` keeps them.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from pdserve.kernels._common import FLOAT_DTYPES, check_device, check_dim, check_dtype, check_last_contiguous
+
+_BLOCK = 4096  # tokens per tile (the nucleus kernel's, measured there)
+MAX_ROUNDS = 64
+
+
+@triton.jit
+def _draw(row, v, inv_t, pivot, seed, round_no, BLOCK: tl.constexpr):
+    """argmax over the tokens with logit > pivot of logit * inv_t + Gumbel noise (first index
+    of the maximum); -1 if no token is above the pivot."""
+    best = tl.full([BLOCK], float("-inf"), tl.float32)
+    arg = tl.full([BLOCK], -1, tl.int32)
+    for start in range(0, v, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        x = tl.load(row + offs, mask=offs < v, other=float("-inf")).to(tl.float32)
+        u = tl.rand(seed, round_no * v + offs)  # [0, 1): u = 0 gives -inf, never drawn
+        score = tl.where(x > pivot, x * inv_t - tl.log(-tl.log(u)), float("-inf"))
+        better = score > best
+        best = tl.where(better, score, best)
+        arg = tl.where(better, offs, arg)
+    top = tl.max(best, 0)
+    return tl.min(tl.where((best == top) & (arg >= 0), arg, 2147483647), 0)
+
+
+@triton.jit
+def _mass_above(row, v, bound, m, scale, BLOCK: tl.constexpr):
+    """Sum of exp2((x - m) * scale) over the tokens with logit > bound."""
+    acc = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, v, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        x = tl.load(row + offs, mask=offs < v, other=float("-inf")).to(tl.float32)
+        acc += tl.where(x > bound, tl.exp2((x - m) * scale), 0.0)
+    return tl.sum(acc, 0)
+
+
+@triton.jit
+def _sample_kernel(
+    x_ptr, stride_b, v, temp_ptr, p_ptr, seed_ptr, out_ptr, rounds_ptr,
+    BLOCK: tl.constexpr, MAX_R: tl.constexpr,
+):
+    r = tl.program_id(0).to(tl.int64)
+    row = x_ptr + r * stride_b
+    inv_t = 1.0 / tl.load(temp_ptr + r)
+    top_p = tl.load(p_ptr + r)
+    seed = tl.load(seed_ptr + r)
+    neg_inf = tl.load(temp_ptr + r) * 0.0 + float("-inf")  # an fp32 scalar tensor (loop-carried)
+    if top_p >= 1.0:
+        token = _draw(row, v, inv_t, neg_inf, seed, 0, BLOCK)
+        rounds = tl.program_id(0) * 0 + 1
+    else:
+        scale = inv_t * 1.4426950408889634
+        mx = tl.full([BLOCK], float("-inf"), tl.float32)
+        z = tl.zeros([BLOCK], tl.float32)  # per lane: sum of exp2((x - mx) * scale)
+        am = tl.full([BLOCK], 2147483647, tl.int32)  # per lane: first index of its max
+        for start in range(0, v, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            x = tl.load(row + offs, mask=offs < v, other=float("-inf")).to(tl.float32)
+            new = tl.maximum(mx, x)
+            live = new > float("-inf")
+            z = tl.where(live, z * tl.exp2((mx - tl.where(live, new, 0.0)) * scale)
+                         + tl.exp2((x - tl.where(live, new, 0.0)) * scale), 0.0)
+            am = tl.where(x > mx, offs, am)
+            mx = new
+        m = tl.max(mx, 0)
+        total = tl.sum(tl.where(mx > float("-inf"), z * tl.exp2((mx - m) * scale), 0.0), 0)
+        argmax = tl.min(tl.where(mx == m, am, 2147483647), 0)
+        target = top_p * total
+        pivot = neg_inf
+        token = tl.program_id(0) * 0 - 1
+        rounds = tl.program_id(0) * 0
+        while token < 0:
+            j = _draw(row, v, inv_t, pivot, seed, rounds, BLOCK)
+            xj = tl.load(row + tl.maximum(j, 0)).to(tl.float32)
+            inside = (j >= 0) & (_mass_above(row, v, xj, m, scale, BLOCK) < target)
+            rounds += 1
+            token = tl.where(inside, j, tl.where(rounds >= MAX_R, argmax, -1))
+            pivot = xj
+    tl.store(out_ptr + r, token.to(tl.int64))
+    tl.store(rounds_ptr + r, rounds)
+
+
+def sample_top_p(
+    logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, seeds: torch.Tensor,
+    *, block: int = _BLOCK, num_warps: int = 16, max_rounds: int = MAX_ROUNDS,
+    rounds: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One token per row of logits [B, V] (int64 [B]), drawn from softmax(logits / temperature)
+    cut to its top-p nucleus (top_p[b] >= 1: no cut). temperature float32 [B] (> 0), top_p
+    float32 [B] (> 0), seeds int64 [B]: the Philox key of the row's draws (equal seeds and
+    logits give equal tokens). -inf logits are never drawn. rounds (int32 [B], optional) gets
+    the rejection rounds each row took. block (tokens per tile) and num_warps are tuning knobs."""
+    check_dim("logits", logits, 2)
+    check_dtype("logits", logits, FLOAT_DTYPES)
+    check_last_contiguous("logits", logits)
+    b, v = logits.shape
+    for name, t, dtypes in (("temperature", temperature, (torch.float32,)), ("top_p", top_p, (torch.float32,)),
+                            ("seeds", seeds, (torch.int64,))):
+        check_dim(name, t, 1)
+        check_dtype(name, t, dtypes)
+        assert t.shape[0] == b and t.is_contiguous(), f"{name} must be a contiguous [{b}] tensor"
+    assert v > 0, "logits must have at least one column"
+    assert max_rounds >= 1, f"max_rounds {max_rounds} must be >= 1"
+    check_device(logits=logits, temperature=temperature, top_p=top_p, seeds=seeds)
+    out = torch.empty(b, dtype=torch.int64, device=logits.device)
+    if rounds is None:
+        rounds = torch.empty(b, dtype=torch.int32, device=logits.device)
+    assert rounds.shape == (b,) and rounds.dtype == torch.int32, "rounds must be an int32 [B] tensor"
+    if b:
+        _sample_kernel[(b,)](logits, logits.stride(0), v, temperature, top_p, seeds, out, rounds,
+                             BLOCK=min(block, triton.next_power_of_2(v)), MAX_R=max_rounds,
+                             num_warps=num_warps)
+    return out
