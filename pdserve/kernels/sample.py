@@ -44,7 +44,8 @@ def _draw(row, v, inv_t, pivot, seed, round_no, BLOCK: tl.constexpr):
         best = tl.where(better, score, best)
         arg = tl.where(better, offs, arg)
     top = tl.max(best, 0)
-    return tl.min(tl.where((best == top) & (arg >= 0), arg, 2147483647), 0)
+    j = tl.min(tl.where((best == top) & (arg >= 0), arg, 2147483647), 0)
+    return tl.where(j == 2147483647, -1, j)
 
 
 @triton.jit
@@ -76,7 +77,7 @@ def _sample_kernel(
         scale = inv_t * 1.4426950408889634
         mx = tl.full([BLOCK], float("-inf"), tl.float32)
         z = tl.zeros([BLOCK], tl.float32)  # per lane: sum of exp2((x - mx) * scale)
-        am = tl.full([BLOCK], 2147483647, tl.int32)  # per lane: first index of its max
+        am = tl.zeros([BLOCK], tl.int32)  # per lane: first index of its max (0 if all -inf)
         for start in range(0, v, BLOCK):
             offs = start + tl.arange(0, BLOCK)
             x = tl.load(row + offs, mask=offs < v, other=float("-inf")).to(tl.float32)
@@ -100,7 +101,7 @@ def _sample_kernel(
             rounds += 1
             token = tl.where(inside, j, tl.where(rounds >= MAX_R, argmax, -1))
             pivot = xj
-    tl.store(out_ptr + r, token.to(tl.int64))
+    tl.store(out_ptr + r, tl.maximum(token, 0).to(tl.int64))  # a row of -inf only: token 0
     tl.store(rounds_ptr + r, rounds)
 
 

@@ -91,6 +91,16 @@ def test_masked_tokens_tiny_top_p_and_bf16() -> None:
         assert (tokens[4:] == x[4:].float().argmax(dim=-1)).all()
 
 
+def test_row_of_masked_logits_only_gives_token_zero() -> None:
+    """Every logit -inf (all ids suppressed): token 0, as the sorted path's argmax gives, with
+    and without top-p, and no read past the row."""
+    logits = torch.full((2, 40), float("-inf"), device=DEVICE)
+    temps, ps = _rows(2, 1.0, 0.9)
+    ps[1] = 1.0
+    tokens = sample_top_p(logits, temps, ps, torch.arange(2, dtype=torch.int64, device=DEVICE), max_rounds=3)
+    assert tokens.tolist() == [0, 0]
+
+
 def test_round_cap_returns_the_most_likely_token() -> None:
     """With one round allowed, a rejected draw falls back to the row's argmax: flat logits and
     top_p 0.01, where a first draw lands outside the nucleus almost always."""
