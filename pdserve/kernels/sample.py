@@ -3,8 +3,7 @@ tensor (distribution twin: reference.top_p_probs; the sampler's sorted path draw
 
 One program per row. Without top-p a draw is one pass: the Gumbel-max trick, argmax of
 x / T + G with G = -log(-log(U)) and U uniform from Philox keyed by the row's seed and the
-token's index (one Philox call serves 4 tokens: a call per token made a 128k-token draw
-compute-bound), picks token j with probability softmax(x / T)_j. With top-p (rejection
+token's index, picks token j with probability softmax(x / T)_j. With top-p (rejection
 sampling, as FlashInfer's sampling kernels do): a first pass finds the row's max and softmax
 sum, then a draw over the tokens above a pivot (at first none is excluded) and a pass summing
 the mass of the tokens strictly more likely than the drawn one; if that mass is under top_p the
@@ -31,25 +30,16 @@ MAX_ROUNDS = 64
 
 
 @triton.jit
-def _uniform(bits):
-    """uint32 -> float32 uniform in (0, 1), never 0 or 1 (24 bits, centred)."""
-    return (bits >> 8).to(tl.float32) * 5.9604644775390625e-08 + 2.9802322387695312e-08
-
-
-@triton.jit
-def _draw(row, v, scale, pivot, seed, round_no, BLOCK: tl.constexpr):
-    """argmax over the tokens with logit > pivot of logit * scale - log2(-log2(U)) (the
-    Gumbel-max trick in base-2 units, scale = log2(e) / T; first index of the maximum); -1 if no
-    token is above the pivot. One Philox call gives the numbers of 4 neighbouring tokens."""
+def _draw(row, v, inv_t, pivot, seed, round_no, BLOCK: tl.constexpr):
+    """argmax over the tokens with logit > pivot of logit * inv_t + Gumbel noise (first index
+    of the maximum); -1 if no token is above the pivot."""
     best = tl.full([BLOCK], float("-inf"), tl.float32)
     arg = tl.full([BLOCK], -1, tl.int32)
-    groups = (v + 3) // 4
     for start in range(0, v, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         x = tl.load(row + offs, mask=offs < v, other=float("-inf")).to(tl.float32)
-        r0, r1, r2, r3 = tl.randint4x(seed, round_no * groups + start // 4 + tl.arange(0, BLOCK // 4))
-        u = _uniform(tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), [BLOCK]))
-        score = tl.where(x > pivot, x * scale - tl.log2(-tl.log2(u)), float("-inf"))
+        u = tl.rand(seed, round_no * v + offs)  # [0, 1): u = 0 gives -inf, never drawn
+        score = tl.where(x > pivot, x * inv_t - tl.log(-tl.log(u)), float("-inf"))
         better = score > best
         best = tl.where(better, score, best)
         arg = tl.where(better, offs, arg)
@@ -76,14 +66,15 @@ def _sample_kernel(
 ):
     r = tl.program_id(0).to(tl.int64)
     row = x_ptr + r * stride_b
-    scale = 1.4426950408889634 / tl.load(temp_ptr + r)
+    inv_t = 1.0 / tl.load(temp_ptr + r)
     top_p = tl.load(p_ptr + r)
     seed = tl.load(seed_ptr + r)
     neg_inf = tl.load(temp_ptr + r) * 0.0 + float("-inf")  # an fp32 scalar tensor (loop-carried)
     if top_p >= 1.0:
-        token = _draw(row, v, scale, neg_inf, seed, 0, BLOCK)
+        token = _draw(row, v, inv_t, neg_inf, seed, 0, BLOCK)
         rounds = tl.program_id(0) * 0 + 1
     else:
+        scale = inv_t * 1.4426950408889634
         mx = tl.full([BLOCK], float("-inf"), tl.float32)
         z = tl.zeros([BLOCK], tl.float32)  # per lane: sum of exp2((x - mx) * scale)
         am = tl.zeros([BLOCK], tl.int32)  # per lane: first index of its max (0 if all -inf)
@@ -104,7 +95,7 @@ def _sample_kernel(
         token = tl.program_id(0) * 0 - 1
         rounds = tl.program_id(0) * 0
         while token < 0:
-            j = _draw(row, v, scale, pivot, seed, rounds, BLOCK)
+            j = _draw(row, v, inv_t, pivot, seed, rounds, BLOCK)
             xj = tl.load(row + tl.maximum(j, 0)).to(tl.float32)
             inside = (j >= 0) & (_mass_above(row, v, xj, m, scale, BLOCK) < target)
             rounds += 1
