@@ -1,8 +1,9 @@
 """Sampling cost per decode step on one CUDA GPU: the sampler's two top-k/top-p paths, the
 sort-free one (Triton nucleus_threshold) and the sorted one, at each batch size; the sampler
-takes the first from TRITON_NUCLEUS_MIN_ROWS rows. Rows without top-k (temperature alone, or
-with top-p) also time the one-kernel draw (kernels/sample.py, the sampler's default for them
-since 2026-12-05: `sample_<setting>_kernel`); the other figures are taken with it off.
+takes the first from TRITON_NUCLEUS_MIN_ROWS rows. Top-p rows without top-k also time the
+one-kernel draw (kernels/sample.py, the sampler's default for them since 2026-12-05:
+`sample_top_p_kernel`); the other figures are taken with it off. (sampler-h100-2026-12-05-s15e.json
+also timed it for temperature alone, where it lost: the sampler keeps those rows on _draw.)
 
     python bench/sampler.py --out bench/results/sampler-<gpu>-<date>.json
 
@@ -61,7 +62,7 @@ def main() -> None:
                 sampler.TRITON_NUCLEUS_MIN_ROWS = min_rows
                 row[f"sample_{name}_{impl}"] = timed(lambda: sample_on_device(logits, params, pos), iters=20) * 1e3
             sampler.TRITON_NUCLEUS_MIN_ROWS, sampler.KERNEL_SAMPLING = default_rows, True
-            if sp.top_k < 1:
+            if sp.top_k < 1 and sp.top_p < 1:
                 row[f"sample_{name}_kernel"] = timed(lambda: sample_on_device(logits, params, pos), iters=20) * 1e3
             if name == "temperature":
                 continue

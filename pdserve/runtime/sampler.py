@@ -1,8 +1,8 @@
 """Batched token sampling: greedy, temperature, top-k, top-p, suppressed ids, per-request seeds.
 
 A seeded request draws the token at position p from a generator seeded with
-`position_seed(seed, p)` alone (on CUDA, a row without top-k draws in kernels/sample.py, whose
-Philox key is that seed), so a token does not depend on batch composition, on the request's
+`position_seed(seed, p)` alone (on CUDA, a top-p row without top-k draws in kernels/sample.py,
+whose Philox key is that seed), so a token does not depend on batch composition, on the request's
 earlier draws, or on which worker (prefill or decode) samples it.
 """
 
@@ -82,13 +82,17 @@ def sample_on_device(
     return out
 
 
-# Temperature / top-p rows on CUDA draw in one Triton kernel (kernels/sample.py: no sort, no
-# probability tensor); rows with top-k, and every row elsewhere, through token_probs + _draw.
+# Top-p rows without top-k on CUDA draw in one Triton kernel (kernels/sample.py: no sort, no
+# probability tensor); every other drawn row through token_probs + _draw. On an H100
+# (bench/results/sampler-h100-2026-12-05-s15e.json, 128k vocab, top-p 0.9) one sampling call
+# took 0.25 / 0.35 / 1.94 ms at 1 / 32 / 256 rows against 0.44 / 1.04 / 2.28 for the best of the
+# sorted and threshold paths; with temperature alone the kernel (a Philox call per token) was
+# the slower, 0.20 / 0.29 / 1.71 against 0.13 / 0.17 / 0.77 ms, so those rows stay on _draw.
 KERNEL_SAMPLING = True
 
 
 def _kernel_draws(p: SamplingParams, vocab: int, device: torch.device) -> bool:
-    return KERNEL_SAMPLING and device.type == "cuda" and (p.top_k < 1 or p.top_k >= vocab)
+    return KERNEL_SAMPLING and device.type == "cuda" and p.top_p < 1.0 and (p.top_k < 1 or p.top_k >= vocab)
 
 
 def _kernel_draw(logits: torch.Tensor, params: Sequence[SamplingParams], positions: Sequence[int],

@@ -134,6 +134,17 @@ def test_mixed_batch_keeps_greedy_rows_and_masks_suppressed_ids() -> None:
     assert all(t in x[b].topk(2).indices.tolist() for b, t in enumerate(drawn))
 
 
+def test_kernel_draws_top_p_rows_without_top_k_on_cuda_only() -> None:
+    """Which rows kernels/sample.py draws: a row's own settings and the device decide, never the
+    batch (the seeded-composition guarantee rests on it)."""
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert sampler._kernel_draws(SamplingParams(temperature=1.0, top_p=0.9), 1000, cuda)
+    assert sampler._kernel_draws(SamplingParams(temperature=0.5, top_p=0.9, top_k=1000), 1000, cuda)  # k >= V: off
+    assert not sampler._kernel_draws(SamplingParams(temperature=1.0), 1000, cuda)
+    assert not sampler._kernel_draws(SamplingParams(temperature=1.0, top_p=0.9, top_k=50), 1000, cuda)
+    assert not sampler._kernel_draws(SamplingParams(temperature=1.0, top_p=0.9), 1000, cpu)
+
+
 def _gpu_sync_errors(fn):
     """Run fn with CUDA's synchronizing calls turned into errors; return its result."""
     torch.cuda.synchronize()
