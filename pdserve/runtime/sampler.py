@@ -68,11 +68,10 @@ def sample_on_device(
     rows = [b for b, p in enumerate(params) if not p.greedy]
     if not rows:
         return argmax_rows(logits)
-    vocab = logits.shape[1]
-    fast = [b for b in rows if _kernel_draws(params[b], vocab, dev)]
-    groups = [(g, draw) for g, draw in ((fast, _kernel_draw), ([b for b in rows if b not in set(fast)], _sorted_draw))
-              if g]
-    if len(groups) == 1 and len(groups[0][0]) == len(params):  # all drawn one way: no gather, no scatter
+    kernel = [_kernel_draws(params[b], logits.shape[1], dev) for b in rows]
+    groups = [(g, draw) for g, draw in (([b for b, k in zip(rows, kernel) if k], _kernel_draw),
+                                        ([b for b, k in zip(rows, kernel) if not k], _sorted_draw)) if g]
+    if len(groups) == 1 and len(rows) == len(params):  # all drawn one way: no gather, no scatter
         return groups[0][1](logits, params, positions, generator)
     out = argmax_rows(logits)
     for g, draw in groups:

@@ -123,3 +123,26 @@ def test_bad_inputs_name_the_field() -> None:
         sample_top_p(logits, temps, ps[:1], seeds)
     with pytest.raises(AssertionError, match="logits"):
         sample_top_p(logits[:, ::2], temps, ps, seeds)
+
+
+def test_sampler_routes_top_p_rows_to_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """runtime.sampler with the kernel allowed on this device: in a batch of greedy, top-k,
+    temperature and seeded top-p rows, each top-p row gets the kernel's token for its own seed
+    (the same as alone), greedy rows their argmax, the top-k row a token of its top k."""
+    from pdserve.core.sampling import SamplingParams
+    from pdserve.runtime import sampler
+
+    monkeypatch.setattr(sampler, "_kernel_draws", lambda p, vocab, device: p.top_p < 1.0 and p.top_k < 1)
+    logits = torch.randn(5, 60, device=DEVICE) * 2
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, top_p=0.7, seed=3),
+              SamplingParams(temperature=1.0, top_k=3), SamplingParams(temperature=1.0, top_p=0.9, seed=9),
+              SamplingParams(temperature=1.0)]
+    got = sampler.sample_tokens(logits, params, [4, 5, 6, 7, 8])
+    for r in (1, 3):
+        key = torch.tensor([sampler.position_seed(params[r].seed, r + 4)], device=DEVICE)
+        want = sample_top_p(logits[r:r + 1], *_rows(1, params[r].temperature, params[r].top_p), key)
+        assert got[r] == want.item()
+        assert sampler.sample_tokens(logits[r:r + 1], [params[r]], [r + 4]) == [got[r]]
+    assert got[0] == logits[0].argmax().item()
+    assert got[2] in logits[2].topk(3).indices.tolist()
+    assert 0 <= got[4] < 60
