@@ -23,11 +23,11 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_bench import _ms, copy_bandwidth_gbs
+from kernel_bench import HQ, HK, D, _ms, _paged, copy_bandwidth_gbs, quant_paged
 from pdserve.bench.provenance import source_commit
 from pdserve.kernels.decode_attention import decode_with_partitions, default_partition_size
 
-HQ, HK, D, S, WIDTH = 32, 8, 128, 16, 4096
+WIDTH = 4096  # tokens of block table, as bench/engine.py builds them for a 4k model length
 
 
 @triton.jit
@@ -54,15 +54,24 @@ def read_bandwidth_gbs(nbytes: int = 4 << 30) -> dict:
     return best
 
 
-def pool(seqs: int, context: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def pool(seqs: int, context: int) -> tuple[torch.Tensor, ...]:
     """q, k_cache, v_cache, block tables WIDTH tokens wide with shuffled pages, seq_lens."""
-    need = triton.cdiv(context, S)
-    kv = torch.randn(2, seqs * need, S, HK, D, dtype=torch.bfloat16, device="cuda")
-    tables = torch.zeros(seqs, WIDTH // S, dtype=torch.int32, device="cuda")
-    tables[:, :need] = torch.randperm(seqs * need, device="cuda").int().view(seqs, need)
-    lens = torch.full((seqs,), context, dtype=torch.int32, device="cuda")
-    q = torch.randn(seqs, HQ, D, dtype=torch.bfloat16, device="cuda")
-    return q, kv[0], kv[1], tables, lens
+    kc, vc, tables = _paged([context] * seqs, WIDTH)
+    return _query(seqs), kc, vc, tables, _lens(seqs, context)
+
+
+def fp8_pool(seqs: int, context: int) -> tuple[torch.Tensor, ...]:
+    """pool() over an fp8 e4m3 cache with per-token scales (the kvquant layout), then the scales."""
+    kc, vc, ks, vs, tables = quant_paged(seqs, context, "fp8_e4m3", WIDTH)
+    return _query(seqs), kc, vc, tables, _lens(seqs, context), ks, vs
+
+
+def _query(seqs: int) -> torch.Tensor:
+    return torch.randn(seqs, HQ, D, dtype=torch.bfloat16, device="cuda")
+
+
+def _lens(seqs: int, context: int) -> torch.Tensor:
+    return torch.full((seqs,), context, dtype=torch.int32, device="cuda")
 
 
 def sweep(seqs: int, context: int, read_gbs: float) -> dict:
@@ -88,25 +97,6 @@ def sweep(seqs: int, context: int, read_gbs: float) -> dict:
     best = min(ok, key=lambda r: r["ms"])
     return {"seqs": seqs, "context": context, "auto_part": auto, "default": default, "best": best,
             "best_over_default": default["ms"] / best["ms"], "rows": rows}
-
-
-def fp8_pool(seqs: int, context: int) -> tuple:
-    """pool() over an fp8 e4m3 cache with per-token scales (the kvquant layout)."""
-    from pdserve.model.spec import ModelSpec
-    from pdserve.runtime.kv_quant import allocate_quant_pool, layer_views
-
-    spec = ModelSpec.from_config_dict(dict(model_type="llama", hidden_size=HQ * D, intermediate_size=64,
-                                           num_hidden_layers=1, num_attention_heads=HQ,
-                                           num_key_value_heads=HK, vocab_size=128))
-    need = triton.cdiv(context, S)
-    kv = allocate_quant_pool(spec, seqs * need, S, "fp8_e4m3", "cuda")
-    kv.view(torch.uint8).random_(0, 120)  # finite fp8 values, positive scales
-    kc, vc, ks, vs = layer_views(kv, 0, D)
-    tables = torch.zeros(seqs, WIDTH // S, dtype=torch.int32, device="cuda")
-    tables[:, :need] = torch.randperm(seqs * need, device="cuda").int().view(seqs, need)
-    lens = torch.full((seqs,), context, dtype=torch.int32, device="cuda")
-    q = torch.randn(seqs, HQ, D, dtype=torch.bfloat16, device="cuda")
-    return q, kc, vc, tables, lens, ks, vs
 
 
 def part_sweep(kv: str) -> list[dict]:

@@ -38,12 +38,13 @@ def copy_bandwidth_gbs(nbytes: int = 1 << 30) -> float:
     return 2 * nbytes / (_ms(lambda: dst.copy_(src)) * 1e-3) / 1e9
 
 
-def _paged(seq_lens: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A one-layer pool with shuffled blocks: (k_cache, v_cache, block_tables)."""
+def _paged(seq_lens: list[int], width: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A one-layer pool with shuffled blocks: (k_cache, v_cache, block_tables); the tables are
+    `width` tokens wide if that is more than the longest sequence needs."""
     need = [triton.cdiv(n, S) for n in seq_lens]
     pool = torch.randn(1, 2, sum(need), S, HK, D, dtype=DTYPE, device="cuda")
     ids = torch.randperm(sum(need), device="cuda").int()
-    tables = torch.zeros(len(seq_lens), max(need), dtype=torch.int32, device="cuda")
+    tables = torch.zeros(len(seq_lens), max(max(need), width // S), dtype=torch.int32, device="cuda")
     at = 0
     for b, n in enumerate(need):
         tables[b, :n] = ids[at : at + n]
@@ -72,8 +73,10 @@ def bench_decode(seqs: int, context: int, copy_gbs: float) -> list[dict]:
     return rows
 
 
-def bench_decode_quant(seqs: int, context: int, copy_gbs: float, kv: str = "fp8_e4m3") -> list[dict]:
-    """The default-heuristic decode over a quantized pool (values + per-token scales), same shape."""
+def quant_paged(seqs: int, context: int, kv: str = "fp8_e4m3", width: int = 0) -> tuple[torch.Tensor, ...]:
+    """A one-layer quantized pool (values + per-token scales) of `seqs` sequences of `context`
+    tokens in shuffled blocks: (k_cache, v_cache, k_scale, v_scale, block_tables), the tables
+    `width` tokens wide if that is more than `context` needs."""
     from pdserve.model.spec import ModelSpec
     from pdserve.runtime.kv_quant import allocate_quant_pool, layer_views
 
@@ -84,7 +87,14 @@ def bench_decode_quant(seqs: int, context: int, copy_gbs: float, kv: str = "fp8_
     pool = allocate_quant_pool(spec, seqs * need, S, kv, "cuda")
     pool.view(torch.uint8).random_(0, 120)  # finite fp8 values, positive scales
     kc, vc, ks, vs = layer_views(pool, 0, D)
-    tables = torch.randperm(seqs * need, device="cuda").int().view(seqs, need)
+    tables = torch.zeros(seqs, max(need, width // S), dtype=torch.int32, device="cuda")
+    tables[:, :need] = torch.randperm(seqs * need, device="cuda").int().view(seqs, need)
+    return kc, vc, ks, vs, tables
+
+
+def bench_decode_quant(seqs: int, context: int, copy_gbs: float, kv: str = "fp8_e4m3") -> list[dict]:
+    """The default-heuristic decode over a quantized pool (values + per-token scales), same shape."""
+    kc, vc, ks, vs, tables = quant_paged(seqs, context, kv)
     lens = torch.full((seqs,), context, dtype=torch.int32, device="cuda")
     q = torch.randn(seqs, HQ, D, dtype=DTYPE, device="cuda")
     kv_bytes = seqs * context * HK * (D + 4) * 2

@@ -52,6 +52,13 @@ def check_last_contiguous(name: str, t: torch.Tensor) -> None:
     )
 
 
+def check_row_vector(name: str, t: torch.Tensor, rows: int, allowed: tuple[torch.dtype, ...]) -> None:
+    """A per-row parameter: a contiguous 1-D tensor of `rows` elements of an allowed dtype."""
+    check_dim(name, t, 1)
+    check_dtype(name, t, allowed)
+    assert t.shape[0] == rows and t.is_contiguous(), f"{name} must be a contiguous [{rows}] tensor"
+
+
 QUANT_DTYPES = (torch.float8_e4m3fn, torch.int8)
 
 

@@ -23,6 +23,8 @@ import triton
 import triton.language as tl
 
 from pdserve.kernels._common import FLOAT_DTYPES, check_device, check_dim, check_dtype, check_last_contiguous
+from pdserve.kernels._common import check_row_vector
+from pdserve.kernels._row_softmax import online_max_sum, row_total
 
 # Keys tried per pass and tokens per tile: with 16 warps, the fastest of 12 settings on an H100
 # with top-k and top-p at 1, 64 and 256 rows and within 16 % of the fastest with top-p alone
@@ -84,16 +86,11 @@ def _nucleus_kernel(
         offs = start + tl.arange(0, BLOCK)
         inside = offs < v
         x = tl.load(row + offs, mask=inside, other=float("-inf")).to(tl.float32)
-        new = tl.maximum(mx, x)
-        live = new > float("-inf")
-        z = tl.where(live, z * tl.exp2((mx - tl.where(live, new, 0.0)) * scale)
-                     + tl.exp2((x - tl.where(live, new, 0.0)) * scale), 0.0)
-        mx = new
+        mx, z = online_max_sum(mx, z, x, scale)
         k = _key(x)
         kmin = tl.where(inside, tl.minimum(kmin, k), kmin)
         kmax = tl.where(inside, tl.maximum(kmax, k), kmax)
-    m = tl.max(mx, 0)
-    total = tl.sum(tl.where(mx > float("-inf"), z * tl.exp2((mx - m) * scale), 0.0), 0)
+    m, total = row_total(mx, z, scale)
     lo = tl.min(kmin, 0).to(tl.int64)  # the search runs in int64: top may be 2^31
     top = tl.max(kmax, 0).to(tl.int64) + 1  # exclusive: no key reaches it
     k_top = tl.load(k_ptr + r)
@@ -132,11 +129,9 @@ def nucleus_threshold(
     check_dtype("logits", logits, FLOAT_DTYPES)
     check_last_contiguous("logits", logits)
     b, v = logits.shape
-    for name, t, dtypes in (("temperature", temperature, (torch.float32,)),
-                            ("top_k", top_k, (torch.int32, torch.int64)), ("top_p", top_p, (torch.float32,))):
-        check_dim(name, t, 1)
-        check_dtype(name, t, dtypes)
-        assert t.shape[0] == b and t.is_contiguous(), f"{name} must be a contiguous [{b}] tensor"
+    check_row_vector("temperature", temperature, b, (torch.float32,))
+    check_row_vector("top_k", top_k, b, (torch.int32, torch.int64))
+    check_row_vector("top_p", top_p, b, (torch.float32,))
     check_device(logits=logits, temperature=temperature, top_k=top_k, top_p=top_p)
     out = torch.empty(b, dtype=torch.float32, device=logits.device)
     if b and v:

@@ -287,6 +287,5 @@ def top_p_probs(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Te
     at_or_below = upto.gather(1, torch.searchsorted(asc, x, right=True) - 1)
     above = (upto[:, -1:] - at_or_below).clamp(min=0.0)
     kept = (above < top_p.double()[:, None]) | (top_p[:, None] >= 1.0)
-    kept &= probs > 0
     probs = probs * kept
     return probs / probs.sum(dim=-1, keepdim=True)

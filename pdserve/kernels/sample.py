@@ -24,6 +24,8 @@ import triton
 import triton.language as tl
 
 from pdserve.kernels._common import FLOAT_DTYPES, check_device, check_dim, check_dtype, check_last_contiguous
+from pdserve.kernels._common import check_row_vector
+from pdserve.kernels._row_softmax import online_max_sum, row_total
 
 _BLOCK = 4096  # tokens per tile (the nucleus kernel's, measured there)
 MAX_ROUNDS = 64
@@ -62,14 +64,15 @@ def _mass_above(row, v, bound, m, scale, BLOCK: tl.constexpr):
 @triton.jit
 def _sample_kernel(
     x_ptr, stride_b, v, temp_ptr, p_ptr, seed_ptr, out_ptr, rounds_ptr,
-    BLOCK: tl.constexpr, MAX_R: tl.constexpr,
+    BLOCK: tl.constexpr, MAX_R: tl.constexpr, RECORD: tl.constexpr,
 ):
     r = tl.program_id(0).to(tl.int64)
     row = x_ptr + r * stride_b
-    inv_t = 1.0 / tl.load(temp_ptr + r)
+    temp = tl.load(temp_ptr + r)
+    inv_t = 1.0 / temp
     top_p = tl.load(p_ptr + r)
     seed = tl.load(seed_ptr + r)
-    neg_inf = tl.load(temp_ptr + r) * 0.0 + float("-inf")  # an fp32 scalar tensor (loop-carried)
+    neg_inf = temp * 0.0 + float("-inf")  # an fp32 scalar tensor (loop-carried)
     if top_p >= 1.0:
         token = _draw(row, v, inv_t, neg_inf, seed, 0, BLOCK)
         rounds = tl.program_id(0) * 0 + 1
@@ -81,14 +84,9 @@ def _sample_kernel(
         for start in range(0, v, BLOCK):
             offs = start + tl.arange(0, BLOCK)
             x = tl.load(row + offs, mask=offs < v, other=float("-inf")).to(tl.float32)
-            new = tl.maximum(mx, x)
-            live = new > float("-inf")
-            z = tl.where(live, z * tl.exp2((mx - tl.where(live, new, 0.0)) * scale)
-                         + tl.exp2((x - tl.where(live, new, 0.0)) * scale), 0.0)
             am = tl.where(x > mx, offs, am)
-            mx = new
-        m = tl.max(mx, 0)
-        total = tl.sum(tl.where(mx > float("-inf"), z * tl.exp2((mx - m) * scale), 0.0), 0)
+            mx, z = online_max_sum(mx, z, x, scale)
+        m, total = row_total(mx, z, scale)
         argmax = tl.min(tl.where(mx == m, am, 2147483647), 0)
         target = top_p * total
         pivot = neg_inf
@@ -102,7 +100,8 @@ def _sample_kernel(
             token = tl.where(inside, j, tl.where(rounds >= MAX_R, argmax, -1))
             pivot = xj
     tl.store(out_ptr + r, tl.maximum(token, 0).to(tl.int64))  # a row of -inf only: token 0
-    tl.store(rounds_ptr + r, rounds)
+    if RECORD:
+        tl.store(rounds_ptr + r, rounds)
 
 
 def sample_top_p(
@@ -119,20 +118,18 @@ def sample_top_p(
     check_dtype("logits", logits, FLOAT_DTYPES)
     check_last_contiguous("logits", logits)
     b, v = logits.shape
-    for name, t, dtypes in (("temperature", temperature, (torch.float32,)), ("top_p", top_p, (torch.float32,)),
-                            ("seeds", seeds, (torch.int64,))):
-        check_dim(name, t, 1)
-        check_dtype(name, t, dtypes)
-        assert t.shape[0] == b and t.is_contiguous(), f"{name} must be a contiguous [{b}] tensor"
+    check_row_vector("temperature", temperature, b, (torch.float32,))
+    check_row_vector("top_p", top_p, b, (torch.float32,))
+    check_row_vector("seeds", seeds, b, (torch.int64,))
     assert v > 0, "logits must have at least one column"
     assert max_rounds >= 1, f"max_rounds {max_rounds} must be >= 1"
     check_device(logits=logits, temperature=temperature, top_p=top_p, seeds=seeds)
+    if rounds is not None:
+        check_row_vector("rounds", rounds, b, (torch.int32,))
+        check_device(logits=logits, rounds=rounds)
     out = torch.empty(b, dtype=torch.int64, device=logits.device)
-    if rounds is None:
-        rounds = torch.empty(b, dtype=torch.int32, device=logits.device)
-    assert rounds.shape == (b,) and rounds.dtype == torch.int32, "rounds must be an int32 [B] tensor"
     if b:
-        _sample_kernel[(b,)](logits, logits.stride(0), v, temperature, top_p, seeds, out, rounds,
-                             BLOCK=min(block, triton.next_power_of_2(v)), MAX_R=max_rounds,
-                             num_warps=num_warps)
+        _sample_kernel[(b,)](logits, logits.stride(0), v, temperature, top_p, seeds, out,
+                             out if rounds is None else rounds, BLOCK=min(block, triton.next_power_of_2(v)),
+                             MAX_R=max_rounds, RECORD=rounds is not None, num_warps=num_warps)
     return out

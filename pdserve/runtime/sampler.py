@@ -96,7 +96,7 @@ def _kernel_draws(p: SamplingParams, vocab: int, device: torch.device) -> bool:
 
 def _kernel_draw(logits: torch.Tensor, params: Sequence[SamplingParams], positions: Sequence[int],
                  generator: torch.Generator | None) -> torch.Tensor:
-    """kernels.sample.sample_top_p over drawn rows without top-k; a seeded row's Philox key is
+    """kernels.sample.sample_top_p over top-p rows without top-k; a seeded row's Philox key is
     position_seed(seed, position), an unseeded row's comes from `generator`."""
     dev = logits.device
     temps = to_device([p.temperature for p in params], dev, torch.float32)

@@ -62,7 +62,7 @@ def test_draws_follow_the_reference_distribution(temp: float, p: float, block: i
 
 def test_seed_fixes_the_token_whatever_the_batch() -> None:
     """A row's token depends on its logits, settings and seed only: the same row alone, among
-    other rows, or in bf16-rounded company gives the same token; other seeds give others."""
+    other rows or in another order gives the same token; other seeds give others."""
     logits = torch.randn(6, 300, device=DEVICE) * 2
     temps = torch.tensor([1.0, 0.8, 1.0, 0.6, 1.2, 1.0], device=DEVICE)
     ps = torch.tensor([0.9, 1.0, 0.7, 0.95, 0.5, 1.0], device=DEVICE)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from pdserve.core.sampling import SamplingParams
+from pdserve.kernels import reference
 from pdserve.runtime.sampler import TRITON_NUCLEUS_MIN_ROWS, argmax_rows, position_seed, sample_on_device, sample_tokens
 from pdserve.runtime import sampler
 from pdserve.runtime.sampler import token_probs
@@ -214,12 +215,6 @@ def test_cuda_kernel_draws_ignore_batch_composition() -> None:
         mixed.append(sample_tokens(batch, params, [pos + 3, 5, pos, pos], generator=gen)[2])
     assert alone == mixed
     assert len(set(alone)) > 3
-    kept = reference_top_p(row, p)
+    kept = reference.top_p_probs(row, torch.tensor([p.temperature], device="cuda"),
+                                 torch.tensor([p.top_p], device="cuda"))[0].cpu()
     assert all(kept[t] > 0 for t in alone)
-
-
-def reference_top_p(row: torch.Tensor, p: SamplingParams) -> torch.Tensor:
-    from pdserve.kernels import reference
-
-    t = torch.tensor([p.temperature], device=row.device)
-    return reference.top_p_probs(row, t, torch.tensor([p.top_p], device=row.device))[0].cpu()
