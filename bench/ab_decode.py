@@ -76,6 +76,7 @@ class Variant:
     rope_decode: bool = True  # rotary + KV write inside the decode attention kernel
     blas: str = "cublas"  # torch's GEMM library (batches past the gemv's reach)
     split_per_sm: int = 2  # decode attention splits sequences until this many programs per SM
+    table_tokens: int = 0  # the graphs' block-table width in tokens (0: the runner's model length)
 
 
 VARIANTS = {
@@ -84,6 +85,8 @@ VARIANTS = {
     "cublaslt": Variant(blas="cublaslt"),
     "separate": Variant(False, False, 0, False, False),
     "split8": Variant(split_per_sm=8),  # the split heuristic before 2026-12-05
+    "table256": Variant(table_tokens=256),  # graphs for short contexts: one attention partition
+    "table1k": Variant(table_tokens=1024),
 }
 
 
@@ -123,7 +126,8 @@ def main() -> None:
         for name, variant in variants.items():
             apply(variant)
             runner.graphs = DecodeGraphs(runner.model, runner.kv_pool, block_size=BS,
-                                         max_model_len=runner.max_model_len, max_num_seqs=a.batch)
+                                         max_model_len=variant.table_tokens or runner.max_model_len,
+                                         max_num_seqs=a.batch)
             tokens[name] = runner.execute(step).sampled["s0"]
             times[name].append(timed(lambda: runner.execute(step), iters=a.iters))
     res = {"gpu": torch.cuda.get_device_name(), "model": a.model, "batch": a.batch, "ctx": a.ctx, "variants": {}}
