@@ -39,7 +39,7 @@ from pdserve.kernels.rotary_write_kv import rotary_write_kv
 from pdserve.kernels.silu_and_mul import silu_and_mul
 from pdserve.kernels.write_kv import write_kv
 from pdserve.model.spec import ModelSpec
-from pdserve.runtime.cuda_graph import SHORT_TOKENS, DecodeGraphs
+from pdserve.runtime.cuda_graph import DecodeGraphs
 from pdserve.runtime.runner import ModelRunner
 
 from engine import BS, CONFIGS, decode_step, timed  # bench/ is on sys.path when run as a script
@@ -77,7 +77,6 @@ class Variant:
     blas: str = "cublas"  # torch's GEMM library (batches past the gemv's reach)
     split_per_sm: int = 2  # decode attention splits sequences until this many programs per SM
     table_tokens: int = 0  # the graphs' block-table width in tokens (0: the runner's model length)
-    short_tokens: int = SHORT_TOKENS  # graphs over a short table's view too (0: none)
 
 
 VARIANTS = {
@@ -86,8 +85,8 @@ VARIANTS = {
     "cublaslt": Variant(blas="cublaslt"),
     "separate": Variant(False, False, 0, False, False),
     "split8": Variant(split_per_sm=8),  # the split heuristic before 2026-12-05
-    "no_short": Variant(short_tokens=0),  # full-table graphs only: the default before 2026-12-06
-    "table1k": Variant(table_tokens=1024),  # graphs over a 1k-token table
+    "table256": Variant(table_tokens=256),  # graphs for short contexts: one attention partition
+    "table1k": Variant(table_tokens=1024),
 }
 
 
@@ -128,7 +127,7 @@ def main() -> None:
             apply(variant)
             runner.graphs = DecodeGraphs(runner.model, runner.kv_pool, block_size=BS,
                                          max_model_len=variant.table_tokens or runner.max_model_len,
-                                         max_num_seqs=a.batch, short_tokens=variant.short_tokens)
+                                         max_num_seqs=a.batch)
             tokens[name] = runner.execute(step).sampled["s0"]
             times[name].append(timed(lambda: runner.execute(step), iters=a.iters))
     res = {"gpu": torch.cuda.get_device_name(), "model": a.model, "batch": a.batch, "ctx": a.ctx, "variants": {}}

@@ -213,11 +213,6 @@ def default_partition_size(batch: int, kv_heads: int, max_context: int, device: 
     return partition_for(batch, kv_heads, max_context, num_sms(index))
 
 
-def partition_count(batch: int, kv_heads: int, max_context: int, device: torch.device) -> int:
-    """How many split-K partitions paged_decode_attention runs over a table of max_context tokens."""
-    return max(1, triton.cdiv(max_context, default_partition_size(batch, kv_heads, max_context, device)))
-
-
 def partition_for(batch: int, kv_heads: int, max_context: int, sms: int) -> int:
     """default_partition_size on a GPU of `sms` streaming multiprocessors."""
     target = _PROGRAMS_PER_SM * sms

@@ -10,49 +10,41 @@ table row left from an earlier step (valid block ids), so they write nothing and
 harmless token. The step's values are written into a pinned mirror of that buffer and copied
 with one non-blocking H2D copy; a table row is rewritten only when its (request, table)
 changed (columns past a row's table keep old valid ids, which seq_lens never lets the kernel
-reach). The decode kernel's split-K partition count derives from the table's width, a
-constant per graph, so the captured launch grid is valid for every replay. A batch size whose
-attention splits over the full width also gets a graph over the table's first SHORT_TOKENS
-columns (a view of the same buffer), replayed while every row is that short: one partition,
-so no empty partition programs and no merge kernel. With capture=False (CPU tests) the
-buffers work the same and `forward` runs eagerly.
+reach). The decode kernel's split-K partition count derives from W, a constant, so the
+captured launch grid is valid for every replay. With capture=False (CPU tests) the buffers
+work the same and `forward` runs eagerly.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
 
 import torch
 
 from pdserve.core.step_io import SeqSlice
-from pdserve.kernels.decode_attention import partition_count
 from pdserve.model.llama import AttnMetadata, LlamaModel
 from pdserve.runtime.staging import int32_tensor
 
 _SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-K = TypeVar("K", bound=Hashable)
-SHORT_TOKENS = 256  # the decode attention's smallest partition: a table this wide is one partition
 
 
 @torch.inference_mode()
 def capture_graphs(
-    keys: Sequence[K], forward: Callable[[K], torch.Tensor]
-) -> tuple[dict[K, torch.cuda.CUDAGraph], dict[K, torch.Tensor]]:
-    """One graph of forward(key) per key, the last key first (keys go from the smallest
-    batch up), all in one memory pool (replays never overlap); returns the graphs and the
-    output tensor each one writes."""
-    graphs: dict[K, torch.cuda.CUDAGraph] = {}
-    outputs: dict[K, torch.Tensor] = {}
+    sizes: tuple[int, ...], forward: Callable[[int], torch.Tensor]
+) -> tuple[dict[int, torch.cuda.CUDAGraph], dict[int, torch.Tensor]]:
+    """One graph of forward(b) per size, largest first, all in one memory pool (replays never
+    overlap); returns the graphs and the output tensor each one writes."""
+    graphs: dict[int, torch.cuda.CUDAGraph] = {}
+    outputs: dict[int, torch.Tensor] = {}
     pool = torch.cuda.graph_pool_handle()
-    for key in reversed(keys):
-        forward(key)  # warm-up: Triton compiles and autotunes outside the capture
+    for b in reversed(sizes):
+        forward(b)  # warm-up: Triton compiles and autotunes outside the capture
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool):
-            outputs[key] = forward(key)
-        graphs[key] = graph
+            outputs[b] = forward(b)
+        graphs[b] = graph
     torch.cuda.synchronize()
     return graphs, outputs
 
@@ -127,18 +119,13 @@ class DecodeGraphs:
     def __init__(
         self, model: LlamaModel, kv_pool: torch.Tensor, *, block_size: int, max_model_len: int,
         max_num_seqs: int, prev_tokens: torch.Tensor | None = None, capture: bool = True,
-        short_tokens: int = SHORT_TOKENS,
     ) -> None:
-        """short_tokens: the short table's width in tokens (0: no short-table graphs)."""
         self.model, self.kv_pool, self.block_size = model, kv_pool, block_size
         self.num_blocks = kv_pool.shape[2]
         self.sizes = capture_sizes(max_num_seqs)
         self.max_batch = m = self.sizes[-1]
         self.width = -(-max_model_len // block_size)
         dev = kv_pool.device
-        self.short_width = -(-short_tokens // block_size)
-        self.keys = graph_keys(self.sizes, self.width, self.short_width,
-                               lambda b: partition_count(b, kv_pool.shape[4], self.width * block_size, dev) > 1)
         self.prev_tokens = prev_tokens if prev_tokens is not None else torch.zeros(
             m, dtype=torch.int32, device=kv_pool.device)
         n = 5 * m + m * self.width
@@ -156,8 +143,8 @@ class DecodeGraphs:
         self._owners: list[list[tuple[str, tuple[int, ...]] | None]] = [[None] * m for _ in self._mirrors]
         self._turn = 0
         self._qsl = torch.arange(m + 1, dtype=torch.int32, device=dev)
-        self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
-        self._logits: dict[tuple[int, int], torch.Tensor] = {}
+        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._logits: dict[int, torch.Tensor] = {}
         if capture:
             self._capture_all()
 
@@ -172,16 +159,8 @@ class DecodeGraphs:
     def run(self, seqs: tuple[SeqSlice, ...]) -> torch.Tensor:
         """Logits [len(seqs), V] (model dtype) of a decode batch (valid until the next run)."""
         padded = self.stage(seqs)
-        key = self.key(padded, max(s.end_pos for s in seqs))
-        self._graphs[key].replay()
-        return self._logits[key][: len(seqs)]
-
-    def key(self, padded: int, longest: int) -> tuple[int, int]:
-        """(batch, table width in blocks) of the graph for a padded batch whose longest row
-        ends at token `longest`: the short table's when there is one and the rows fit it."""
-        if longest <= self.short_width * self.block_size and (padded, self.short_width) in self.keys:
-            return padded, self.short_width
-        return padded, self.width
+        self._graphs[padded].replay()
+        return self._logits[padded][: len(seqs)]
 
     def stage(self, seqs: tuple[SeqSlice, ...]) -> int:
         """Queue the batch's inputs into the static buffer; returns the padded batch size.
@@ -217,37 +196,23 @@ class DecodeGraphs:
             self._turn = 1 - turn
         return padded
 
-    def _meta(self, b: int, width: int) -> AttnMetadata:
+    def _meta(self, b: int) -> AttnMetadata:
         m, s = self.max_batch, self._static
         return AttnMetadata(
             slot_mapping=s[2 * m : 2 * m + b],
-            block_tables=s[5 * m :].view(m, self.width)[:b, :width],
+            block_tables=s[5 * m :].view(m, self.width)[:b],
             seq_lens=s[3 * m : 3 * m + b],
             query_start_loc=self._qsl[: b + 1],
             is_decode=True,
         )
 
-    def forward(self, key: tuple[int, int]) -> torch.Tensor:
-        """Logits [b, V] (model dtype) of the first b rows of the static buffers, over the
-        first `width` table columns, key = (b, width) (what a graph holds)."""
-        (b, width), m, s = key, self.max_batch, self._static
+    def forward(self, b: int) -> torch.Tensor:
+        """Logits [b, V] (model dtype) of the first b rows of the static buffers (what a graph holds)."""
+        m, s = self.max_batch, self._static
         rows = s[4 * m : 4 * m + b]
         ids = torch.where(rows >= 0, self.prev_tokens.index_select(0, rows.clamp(min=0)), s[:b])
-        hidden = self.model.forward(ids, s[m : m + b], self._meta(b, width), self.kv_pool)
+        hidden = self.model.forward(ids, s[m : m + b], self._meta(b), self.kv_pool)
         return self.model.compute_logits(hidden)
 
     def _capture_all(self) -> None:
-        self._graphs, self._logits = capture_graphs(self.keys, self.forward)
-
-
-def graph_keys(sizes: tuple[int, ...], width: int, short_width: int, splits: Callable[[int], bool]
-               ) -> tuple[tuple[int, int], ...]:
-    """(batch, table width) of every graph, smallest batch first: each size over the full
-    width, and over short_width too where that is narrower (and not 0) and splits(size) (the
-    size's attention runs split over the full width)."""
-    keys: list[tuple[int, int]] = []
-    for b in sizes:
-        if 0 < short_width < width and splits(b):
-            keys.append((b, short_width))
-        keys.append((b, width))
-    return tuple(keys)
+        self._graphs, self._logits = capture_graphs(self.sizes, self.forward)

@@ -54,40 +54,33 @@ def test_flat_slot_mapping_crosses_blocks() -> None:
 
 def test_static_buffers_match_eager_across_steps() -> None:
     """DecodeGraphs' buffers without capture (CPU, reference ops): real rows' logits equal the
-    eager step's, step after step, while rows move, tables grow and a request gets new blocks,
-    over the full table and, where the batch size has one, the short table's view."""
+    eager step's, step after step, while rows move, tables grow and a request gets new blocks."""
     from pdserve.model.spec import ModelSpec
     from pdserve.runtime.cuda_graph import DecodeGraphs
     from pdserve.runtime.runner import ModelRunner
 
     spec = ModelSpec.from_config_dict(dict(
         model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, vocab_size=300, max_position_embeddings=512,
+        num_attention_heads=4, num_key_value_heads=2, vocab_size=300, max_position_embeddings=256,
     ))
     r = ModelRunner(spec, None, num_blocks=41, block_size=4, load_format="dummy")  # block 40: padding
     r.kv_pool.normal_()
-    g = DecodeGraphs(r.model, r.kv_pool, block_size=4, max_model_len=512, max_num_seqs=8, capture=False)
-    assert g.width == 128 and g.short_width == 64  # 512 and 256 tokens
+    g = DecodeGraphs(r.model, r.kv_pool, block_size=4, max_model_len=64, max_num_seqs=8, capture=False)
     a, b, c = (SeqSlice("a", (5,), 9, (1, 2, 3), GREEDY), SeqSlice("b", (7,), 0, (4,), GREEDY),
                SeqSlice("c", (9,), 20, tuple(range(10, 16)), GREEDY))
     steps = [(a, b, c), (b, a), (SeqSlice("a", (6,), 12, (1, 2, 3, 17), GREEDY), c, b),
              (SeqSlice("b", (8,), 1, (30, 31), GREEDY),), (a, b, c, SeqSlice("d", (3,), 2, (5,), GREEDY))]
     pool0 = r.kv_pool.clone()
-    short_graphs = 0
     with torch.inference_mode():
         for seqs in steps:
             r.kv_pool.copy_(pool0)
+            padded = g.stage(seqs)
+            got = g.forward(padded)[: len(seqs)]
+            r.kv_pool.copy_(pool0)
             ids, pos, meta = r._prepare(seqs)
             want = r.model.compute_logits(r.model.forward(ids, pos, meta, r.kv_pool))
-            padded = g.stage(seqs)
             assert padded == padded_size(len(seqs), g.sizes)
-            for key in {g.key(padded, max(s.end_pos for s in seqs)), (padded, g.width)}:
-                r.kv_pool.copy_(pool0)
-                got = g.forward(key)[: len(seqs)]
-                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-            short_graphs += g.key(padded, 1)[1] == g.short_width
-    assert short_graphs == 2  # the steps of 1 and 2 rows (4 "SMs" in the interpreter's heuristic)
-    assert g.key(1, 256) == (1, 64) and g.key(1, 257) == (1, 128) and g.key(4, 3) == (4, 128)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="outside the pool"):
         g.stage((SeqSlice("e", (1,), 0, (41,), GREEDY),))
     # placeholders: rows whose token the previous step sampled, read from prev_tokens in the forward
@@ -96,9 +89,9 @@ def test_static_buffers_match_eager_across_steps() -> None:
                                                                                  GREEDY, prev_row=1))
     given = (SeqSlice("a", (42,), 9, (1, 2, 3), GREEDY), b, SeqSlice("c", (5,), 20, c.block_table, GREEDY))
     with torch.inference_mode():
-        got = [g.forward((g.stage(seqs), g.width))[:3].clone() for seqs in (held, given)]
+        got = [g.forward(g.stage(seqs))[:3].clone() for seqs in (held, given)]
     torch.testing.assert_close(got[0], got[1], rtol=0, atol=0)
-    assert not torch.equal(got[0][0], g.forward((g.stage((a, b, c)), g.width))[0])  # token 5 != 42: it mattered
+    assert not torch.equal(got[0][0], g.forward(g.stage((a, b, c)))[0])  # token 5 != 42: it mattered
 
 
 @pytest.mark.gpu
@@ -151,14 +144,3 @@ def test_graphed_verify_steps_equal_plain_decoding() -> None:
     spec, sched = serve(runner, True, 64, params, graphs=graphs)
     assert spec == plain
     assert replays and sched.spec.stats.accepted > 0
-
-
-def test_short_table_graphs_only_where_attention_splits() -> None:
-    """graph_keys adds a short-table graph for the sizes whose attention splits over the full
-    table, and none when the short table is not narrower; key() takes it only for short rows."""
-    from pdserve.runtime.cuda_graph import graph_keys
-
-    assert graph_keys((1, 2, 4), 100, 16, lambda b: b < 4) == ((1, 16), (1, 100), (2, 16), (2, 100), (4, 100))
-    assert graph_keys((1, 2), 16, 16, lambda b: True) == ((1, 16), (2, 16))
-    assert graph_keys((1, 2), 8, 16, lambda b: True) == ((1, 8), (2, 8))
-    assert graph_keys((1, 2), 100, 0, lambda b: True) == ((1, 100), (2, 100))
