@@ -15,11 +15,10 @@ import argparse
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
 from triton.testing import do_bench
 
 from engine import CONFIGS  # bench/ is on sys.path when run as a script
+from splitk_probe import checked_us, splitk
 from pdserve.model.spec import ModelSpec
 
 TILES = [  # (BM, BN, BK, warps, stages)
@@ -29,36 +28,10 @@ TILES = [  # (BM, BN, BK, warps, stages)
 ]
 
 
-@triton.jit
-def _mm_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
-               BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-    pid_n = tl.program_id(0)
-    pid_m = tl.program_id(1)
-    rm = pid_m * BM + tl.arange(0, BM)
-    rn = pid_n * BN + tl.arange(0, BN)
-    rk = tl.arange(0, BK)
-    xp = x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :]
-    wp = w_ptr + rn[:, None].to(tl.int64) * stride_wn + rk[None, :]
-    acc = tl.zeros([BM, BN], tl.float32)
-    for _ in range(0, K, BK):
-        a = tl.load(xp, mask=rm[:, None] < M, other=0.0)
-        b = tl.load(wp, mask=rn[:, None] < N, other=0.0)
-        acc = tl.dot(a, tl.trans(b), acc)
-        xp += BK
-        wp += BK
-    op = out_ptr + rm[:, None].to(tl.int64) * stride_om + rn[None, :]
-    tl.store(op, acc.to(out_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
-
-
 def mm(x: torch.Tensor, w: torch.Tensor, tile: tuple[int, ...]) -> torch.Tensor:
-    bm, bn, bk, warps, stages = tile
-    m, k = x.shape
-    n = w.shape[0]
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    _mm_kernel[(triton.cdiv(n, bn), triton.cdiv(m, bm))](
-        x, w, out, m, n, k, x.stride(0), w.stride(0), out.stride(0), BM=bm, BN=bn, BK=bk,
-        num_warps=warps, num_stages=stages)
-    return out
+    """One program per output tile, the whole K each: splitk_probe's kernel with one slice."""
+    out = torch.empty((1, x.shape[0], w.shape[0]), dtype=x.dtype, device=x.device)
+    return splitk(x, w, out, tile, 1, False)[0]
 
 
 def main() -> None:
@@ -83,16 +56,9 @@ def main() -> None:
             cub = do_bench(lambda: F.linear(x, w), warmup=25, rep=100, return_mode="median") * 1e3  # noqa: B023
             best = (float("inf"), None)
             for tile in TILES:
-                try:
-                    err = (mm(x, w, tile).float() - ref.float()).abs().max().item()
-                    us = do_bench(lambda: mm(x, w, tile), warmup=25, rep=100, return_mode="median") * 1e3  # noqa: B023
-                except Exception as e:  # noqa: BLE001 - a tile that does not fit is reported, not fatal
-                    print(f"M={m} {name} {tile}: failed {type(e).__name__}", flush=True)
-                    continue
-                if err > 0.1:
-                    print(f"M={m} {name} {tile}: wrong, err {err:.3f}", flush=True)
-                    continue
-                best = min(best, (us, tile))
+                us = checked_us(f"M={m} {name} {tile}", lambda: mm(x, w, tile), lambda got: got, ref, 0.1)  # noqa: B023
+                if us is not None:
+                    best = min(best, (us, tile))
             tf = 2 * m * n * k / best[0] / 1e6
             print(f"M={m} {name:8s} N={n} K={k}: cuBLAS {cub:7.1f} us, best Triton {best[0]:7.1f} us "
                   f"({tf:.0f} TFLOP/s) {best[1]}, ratio {cub / best[0]:.2f}", flush=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -60,11 +61,13 @@ def _splitk_kernel(x_ptr, w_ptr, out_ptr, M, N, K, K_PER, stride_xm, stride_wn,
         tl.atomic_add(op, acc, mask=mask, sem="relaxed")
     else:
         op = out_ptr + pid_k.to(tl.int64) * M * N + rm[:, None].to(tl.int64) * N + rn[None, :]
-        tl.store(op, acc, mask=mask)
+        tl.store(op, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def splitk(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, tile: tuple[int, ...], s: int,
            atomic: bool) -> torch.Tensor:
+    """x [M, K] @ w[N, K]^T into out: with atomic, fp32 [M, N] (zeroed here) summed over the S
+    slices; else [S, M, N] planes, one per slice, in out's dtype (S=1: a plain GEMM)."""
     bm, bn, bk, warps, stages = tile
     m, k = x.shape
     n = w.shape[0]
@@ -79,6 +82,22 @@ def splitk(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, tile: tuple[int,
 
 def _us(fn) -> float:
     return do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
+
+
+def checked_us(label: str, run: Callable[[], torch.Tensor], result: Callable[[torch.Tensor], torch.Tensor],
+               ref: torch.Tensor, tol: float) -> float | None:
+    """Microseconds of run(), or None (printed under label) when it fails to compile or launch,
+    or result(run()) is off ref by more than tol."""
+    try:
+        err = (result(run()).float() - ref.float()).abs().max().item()
+        us = _us(run)
+    except Exception as e:  # noqa: BLE001 - a tile that does not fit is reported, not fatal
+        print(f"{label}: failed {type(e).__name__}", flush=True)
+        return None
+    if err > tol:
+        print(f"{label}: wrong, err {err:.3f}", flush=True)
+        return None
+    return us
 
 
 def probe(name: str, m: int, n: int, k: int) -> dict:
@@ -98,18 +117,10 @@ def probe(name: str, m: int, n: int, k: int) -> dict:
                 if k % (s * tile[2]):
                     continue
                 out = atomic_out if atomic else planes
-                try:
-                    got = splitk(x, w, out, tile, s, atomic)
-                    got = got if atomic else got.sum(0)
-                    err = (got - ref).abs().max().item()
-                    us = _us(lambda: splitk(x, w, out, tile, s, atomic))  # noqa: B023
-                except Exception as e:  # noqa: BLE001 - a tile that does not fit is reported, not fatal
-                    print(f"  {name} M={m} {mode} S={s} {tile}: failed {type(e).__name__}", flush=True)
-                    continue
-                if err > 0.05:
-                    print(f"  {name} M={m} {mode} S={s} {tile}: wrong, err {err:.3f}", flush=True)
-                    continue
-                if us < best.get(mode, (float("inf"), ""))[0]:
+                run = lambda: splitk(x, w, out, tile, s, atomic)  # noqa: B023, E731
+                us = checked_us(f"  {name} M={m} {mode} S={s} {tile}", run,
+                                lambda got: got if atomic else got.sum(0), ref, 0.05)  # noqa: B023
+                if us is not None and us < best.get(mode, (float("inf"), ""))[0]:
                     best[mode] = (us, f"S={s} {tile}")
         row[f"{mode}_us"], row[f"{mode}_config"] = best.get(mode, (float("nan"), "none"))
     s_best = int(row["planes_config"].split()[0][2:]) if row["planes_config"] != "none" else 1
