@@ -63,13 +63,16 @@ QUANT_DTYPES = (torch.float8_e4m3fn, torch.int8)
 
 
 def check_cache(name: str, cache: torch.Tensor) -> None:
-    """A paged cache [N, S, Hk, D]: unit dim stride, heads of a slot packed with a row stride
-    >= D (a quantized pool's rows carry their scale after the D values), any block stride."""
+    """A paged cache [N, S, Hk, D]: unit dim stride; within a block either slot-major (heads of
+    a slot packed, row stride >= D: a quantized pool's rows may carry their scale after the D
+    values) or head-major (a head's S rows packed, stride(1) the row); any block stride."""
     check_dim(name, cache, 4)
     _, s, hk, d = cache.shape
-    row = cache.stride(2)
-    assert cache.stride(3) == 1 and row >= d and cache.stride(1) == hk * row, (
-        f"{name} must be packed in its last 3 dims (slot, head, dim); "
+    row = cache.stride(2) if cache.stride(1) == hk * cache.stride(2) else cache.stride(1)
+    slot_major = cache.stride(1) == hk * row and cache.stride(2) == row
+    head_major = cache.stride(2) == s * row and cache.stride(1) == row
+    assert cache.stride(3) == 1 and row >= d and (slot_major or head_major), (
+        f"{name} must be packed in its last 3 dims (slot, head, dim or head, slot, dim); "
         f"shape {tuple(cache.shape)} strides {cache.stride()}"
     )
     assert cache.stride(0) >= s * hk * row, f"{name} has overlapping blocks, strides {cache.stride()}"

@@ -54,6 +54,25 @@ def test_decode_grid_orders_agree(heads_first: bool, partition: int) -> None:
     assert_close(out, reference.paged_decode_attention(q, kc, vc, tables, lens, 0.125))
 
 
+@pytest.mark.parametrize("partition", [16, 256])
+def test_decode_head_major_blocks(partition: int) -> None:
+    """A cache whose blocks store each KV head's rows together ([N, Hk, S, D] seen as an
+    [N, S, Hk, D] view) gives the same result as the slot-major pool holding the same values."""
+    q, kc, vc, tables, lens = _case(torch.float32, 4, 64, kv_heads=3)
+    khm, vhm = (c.transpose(1, 2).contiguous().transpose(1, 2) for c in (kc, vc))
+    assert khm.stride(1) == 64 and khm.stride(2) == BLOCK * 64  # head-major inside a block
+    out = decode_with_partitions(q, khm, vhm, tables, lens, 0.125, partition)
+    assert_close(out, reference.paged_decode_attention(q, kc, vc, tables, lens, 0.125))
+    assert torch.equal(out, decode_with_partitions(q, kc, vc, tables, lens, 0.125, partition))
+
+
+def test_decode_rejects_interleaved_cache() -> None:
+    q, kc, vc, tables, lens = _case(torch.float32, 1, 64)
+    odd = kc.as_strided(kc.shape, (kc.stride(0), 64, 2 * 64, 1))  # rows of two heads overlap
+    with pytest.raises(AssertionError, match="k_cache must be packed"):
+        paged_decode_attention(q, odd, odd, tables, lens, 0.125)
+
+
 def test_decode_rejects_int64_block_tables() -> None:
     q, kc, vc, tables, lens = _case(torch.float32, 1, 64)
     with pytest.raises(AssertionError, match="block_tables has dtype"):
