@@ -77,6 +77,7 @@ class Variant:
     blas: str = "cublas"  # torch's GEMM library (batches past the gemv's reach)
     split_per_sm: int = 2  # decode attention splits sequences until this many programs per SM
     table_tokens: int = 0  # the graphs' block-table width in tokens (0: the runner's model length)
+    head_major: bool = False  # cache blocks read as [Hk, S, D] (a head's page contiguous), not [S, Hk, D]
 
 
 VARIANTS = {
@@ -87,7 +88,16 @@ VARIANTS = {
     "split8": Variant(split_per_sm=8),  # the split heuristic before 2026-12-05
     "table256": Variant(table_tokens=256),  # graphs for short contexts: one attention partition
     "table1k": Variant(table_tokens=1024),
+    "head_major": Variant(head_major=True),
 }
+
+
+def head_major_view(pool: torch.Tensor) -> torch.Tensor:
+    """The pool's storage read with head-major blocks: [L, 2, N, S, Hk, D] over [L, 2, N, Hk, S, D]
+    (the same bytes, so the same random contents, in another order: timing only)."""
+    s, hk, d = pool.shape[3:]
+    strides = pool.stride()[:3] + (d, s * d, 1)
+    return pool.as_strided(pool.shape, strides, pool.storage_offset())
 
 
 def apply(v: Variant) -> None:
@@ -119,12 +129,14 @@ def main() -> None:
     runner = ModelRunner(spec, None, device="cuda", dtype=torch.bfloat16, num_blocks=blocks,
                          block_size=BS, load_format="dummy", max_model_len=max_len, max_num_seqs=a.batch)
     runner.kv_pool.normal_()
+    pools = {False: runner.kv_pool, True: head_major_view(runner.kv_pool)}
     step = decode_step(a.batch, a.ctx, spec.vocab_size)
     times: dict[str, list[float]] = {name: [] for name in variants}
     tokens: dict[str, int] = {}
     for _ in range(a.rounds):
         for name, variant in variants.items():
             apply(variant)
+            runner.kv_pool = pools[variant.head_major]
             runner.graphs = DecodeGraphs(runner.model, runner.kv_pool, block_size=BS,
                                          max_model_len=variant.table_tokens or runner.max_model_len,
                                          max_num_seqs=a.batch)

@@ -126,3 +126,19 @@ def test_fused_rejects_bad_input(change, message: str) -> None:
                 block_tables=tables, seq_lens=lens, scale=0.125)
     with pytest.raises(AssertionError, match=message):
         decode_rotary_attention(**change(args))
+
+
+@pytest.mark.parametrize("partition", [16, 256], ids=["split", "whole"])
+def test_fused_over_head_major_blocks(partition: int) -> None:
+    """Over a pool whose blocks store each KV head's rows together ([N, Hk, S, D] seen as
+    [N, S, Hk, D]), the kernel writes the new rows where a slot-major pool's view puts them and
+    gives the same output as over the slot-major pool."""
+    (q, k, v), pos, cos_sin, slots, tables, lens, pools = _case(8, 2, 64, torch.float32, None)
+    head_major = pools[1].transpose(3, 4).contiguous().transpose(3, 4)  # same values, head-major
+    assert head_major.stride(3) == 64 and head_major.stride(4) == BLOCK * 64
+    want = decode_with_partitions(q, *_views(pools[0], 64)[:2], tables, lens, 0.125, partition,
+                                  rope=_rope(k, v, pos, cos_sin, slots))
+    got = decode_with_partitions(q, *_views(head_major, 64)[:2], tables, lens, 0.125, partition,
+                                 rope=_rope(k, v, pos, cos_sin, slots))
+    assert torch.equal(head_major, pools[0])  # element by element: the same writes
+    assert torch.equal(got, want)
