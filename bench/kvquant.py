@@ -14,6 +14,7 @@ rates unrepresentative of real text: the acceptance rate is reported beside each
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import gc
 import json
@@ -156,6 +157,52 @@ def decode_loop_speedup(layers: int = 16, n: int = 256, reps: int = 3) -> dict:
     b, f = statistics.median(runs["auto"]), statistics.median(runs["fp8_e4m3"])
     return {"fp8_decode_loop_speedup_4k_bs256": f / b, "decode_loop_tok_s_bf16": b, "decode_loop_tok_s_fp8": f,
             "decode_loop_runs": runs}
+
+
+@contextlib.contextmanager
+def slot_major_fp8_blocks():
+    """While open, quantized pools' value views are slot-major ([S, Hk, D] per block: the
+    layout before 2026-12-06) instead of head-major; graphs captured inside keep it."""
+    from pdserve.runtime import kv_quant
+
+    def split(cache: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+        values, scales = head_major(cache, head_dim)
+        hk = values.shape[2]
+        return values.as_strided(values.shape, (values.stride(0), hk * head_dim, head_dim, 1)), scales
+
+    head_major = kv_quant._split_block
+    kv_quant._split_block = split
+    try:
+        yield
+    finally:
+        kv_quant._split_block = head_major
+
+
+def decode_loop_layout_ab(layers: int = 12, n: int = 256, reps: int = 3) -> dict:
+    """fp8 decode tokens/s through the engine loop (as decode_loop_speedup) with head-major
+    value blocks against slot-major ones, both runners alive, runs alternating; medians."""
+    from engine import LOOP_STEPS, loop_decode  # bench/engine.py
+
+    spec = llama8b(layers)
+    per = (CTX + LOOP_STEPS) // BS + 2
+    layouts = {"head_major": contextlib.nullcontext, "slot_major": slot_major_fp8_blocks}
+    runners = {}
+    for name, ctx in layouts.items():
+        with ctx():
+            runners[name] = ModelRunner(spec, None, device="cuda", dtype=torch.bfloat16, num_blocks=n * per + 8,
+                                        block_size=BS, load_format="dummy",
+                                        max_model_len=CTX + LOOP_STEPS + 2 * BS, kv_cache_dtype="fp8_e4m3")
+            runners[name].kv_pool.view(torch.uint8).random_(0, 120)
+    runs: dict[str, list[float]] = {name: [] for name in runners}
+    for _ in range(reps):
+        for name, runner in runners.items():
+            with layouts[name]():
+                runs[name].append(loop_decode(runner, spec, n, CTX, True))
+    del runners
+    free()
+    h, s = statistics.median(runs["head_major"]), statistics.median(runs["slot_major"])
+    return {"layers": layers, "fp8_head_major_over_slot_major": h / s, "decode_loop_tok_s_head_major": h,
+            "decode_loop_tok_s_slot_major": s, "decode_loop_runs": runs}
 
 
 def k_upcast_ops() -> types.SimpleNamespace:

@@ -5,8 +5,8 @@ amax / QMAX). The scales live *inside* the pool tensor, packed after each block'
 
     pool [L, 2, N, S, Hk, D + 4] of float8_e4m3fn or int8 (the shape only sizes a block)
     each block of a layer's K or V, S * Hk * (D + 4) bytes:
-        [S, Hk, D] quantized values, then [Hk, S] float32 scales (head-major)
-    values  = [N, S, Hk, D] strided view, strides (S*Hk*(D+4), Hk*D, D, 1)
+        [Hk, S, D] quantized values, then [Hk, S] float32 scales (both head-major)
+    values  = [N, S, Hk, D] strided view, strides (S*Hk*(D+4), D, S*D, 1)
     scales  = [N, S, Hk] float32 view of each block's tail, strides (S*Hk*(D+4)/4, 1, S)
 
 So a block of a layer is self-contained: every transfer backend moves the scales with the
@@ -15,7 +15,12 @@ this packing). Values keep 16-byte aligned rows (D and the block stride are mult
 for D = 128), so the attention kernels load them with wide vector loads; the scales of one
 block are contiguous, and those of one KV head in it too (head-major: an attention program,
 which reads one KV head, loads a page's 16 scales as 64 contiguous bytes; token-major they were
-16 loads 4 * Hk bytes apart, a quarter more memory sectors than the values themselves). Per-token scales need no read-modify-write when a block fills up, and
+16 loads 4 * Hk bytes apart, a quarter more memory sectors than the values themselves). The
+values are head-major for the same reason: a program's page is one run of S * D bytes, not S
+rows of D bytes Hk * D apart; fp8 decode attention ran 3.6-4.8 % faster so on an H100 at
+64-256 x 4k context (bf16 pools, whose rows are twice as long, gained nothing and stay
+slot-major: bench/layout_probe.py, bench/results/layout-probe-h100-2026-12-06-s17.json).
+Per-token scales need no read-modify-write when a block fills up, and
 dequantization is one multiply per score column / probability in the attention kernels.
 Cost: 4 bytes per row, so fp8 holds 2 * D / (D + 4) times the tokens of bf16 (1.94x, D=128).
 """
@@ -30,7 +35,7 @@ from pdserve.core.kv_layout import KvLayout
 from pdserve.model.spec import ModelSpec
 
 SCALE_BYTES = 4
-QUANT_ORDER = "LKN[SHD|HS:f32scale]"  # per block: values, then scales head-major (the hash tells)
+QUANT_ORDER = "LKN[HSD|HS:f32scale]"  # per block: values, then scales, both head-major (the hash tells)
 _STORAGE = {"fp8_e4m3": torch.float8_e4m3fn, "int8": torch.int8}
 KV_CACHE_DTYPES = ("auto", *_STORAGE)
 
@@ -90,11 +95,11 @@ def layer_views(kv_pool: torch.Tensor, layer: int, head_dim: int) -> LayerKv:
 
 
 def _split_block(cache: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """[N, S, Hk, D + 4] bytes -> values [N, S, Hk, D] and scales [N, S, Hk] float32, the
-    scales stored head-major (module doc)."""
+    """[N, S, Hk, D + 4] bytes -> values [N, S, Hk, D] and scales [N, S, Hk] float32, both
+    stored head-major (module doc)."""
     n, s, hk, _ = cache.shape
     block = cache.reshape(n, -1)  # contiguous: a view
-    values = cache.as_strided((n, s, hk, head_dim), (block.stride(0), hk * head_dim, head_dim, 1),
+    values = cache.as_strided((n, s, hk, head_dim), (block.stride(0), head_dim, s * head_dim, 1),
                               cache.storage_offset())
     scales = block[:, s * hk * head_dim:].view(torch.float32).view(n, hk, s).transpose(1, 2)
     return values, scales

@@ -90,7 +90,11 @@ def test_fused_matches_reference(dtype, hq: int, hk: int, d: int) -> None:
     want = reference.decode_rotary_attention(
         q[live], k[live], v[live], pos[live], cos_sin, *_views(pools[1], d)[:2], slots[live], tables[live],
         lens[live], d**-0.5)
-    assert_close(got[live], want)
+    if dtype == torch.bfloat16:  # outputs of size 1-2 differ by up to two bf16 ulps (0.0156 over
+        # 150 seeds), past assert_close's 0.01 + 1.6 % where the output itself is small
+        torch.testing.assert_close(got[live].float(), want.float(), rtol=1.6e-2, atol=2e-2)
+    else:
+        assert_close(got[live], want)
     assert_close(pools[0], pools[1])
 
 

@@ -95,13 +95,13 @@ def test_quant_views_tile_each_block_and_keep_rows_aligned() -> None:
                 block = raw[layer, kv, blk].flatten()
                 n_val = 4 * 2 * 128
                 assert (block[:n_val] == 1 + 2 * kv).all() and (block[n_val:] == 5 + 2 * kv).all()
-        assert views.k.stride()[1:] == (2 * 128, 128, 1) and views.k.stride(0) % 16 == 0
+        assert views.k.stride()[1:] == (128, 4 * 128, 1) and views.k.stride(0) % 16 == 0  # head-major
         assert views.k.data_ptr() % 16 == 0 or raw.data_ptr() % 16 != 0
 
 
-def test_quant_scales_are_head_major_in_each_block() -> None:
-    """One KV head's scales of a block are contiguous (an attention program reads one KV head:
-    a page's scales in one run of bytes, not S loads 4 * Hk bytes apart)."""
+def test_quant_values_and_scales_are_head_major_in_each_block() -> None:
+    """One KV head's values, and its scales, of a block are contiguous (an attention program
+    reads one KV head: a page in one run of bytes, not S loads Hk rows apart)."""
     from pdserve.runtime.kv_quant import allocate_quant_pool
 
     spec = ModelSpec.from_config_dict(dict(
@@ -115,3 +115,9 @@ def test_quant_scales_are_head_major_in_each_block() -> None:
     tail = pool[0, 0, 1].flatten()[4 * 2 * 16:].view(torch.float32)  # block 1's scales, as stored
     assert tail.tolist() == [0.0, 1.0, 2.0, 3.0, 10.0, 11.0, 12.0, 13.0]  # head 0's slots, then head 1's
     assert views.k_scale.stride()[1:] == (1, 4)
+    for slot in range(4):
+        for head in range(2):
+            views.k[1, slot, head] = torch.full((16,), 10 * head + slot, dtype=torch.int8)
+    values = pool[0, 0, 1].flatten()[: 4 * 2 * 16].view(2, 4, 16)  # block 1's values, as stored
+    assert values[:, :, 0].tolist() == [[0, 1, 2, 3], [10, 11, 12, 13]]  # head 0's rows, then head 1's
+    assert (values == values[:, :, :1]).all()
