@@ -9,7 +9,8 @@ them alike. Variants: the RMSNorm fused into the gemv after it and the rotary em
 with the KV write (rotary_write_kv), or separate kernels; the SiLU-and-mul inside the gate_up
 gemv (norm_glu) or its own kernel; the rotary embedding and KV write inside the decode
 attention kernel (decode_rotary_attention, since 2026-12-05) or before it; cuBLASLt for torch's
-GEMMs or cuBLAS. (The "no_glu" variant, SiLU-and-mul apart from the gemv, was measured in
+GEMMs or cuBLAS; the pool's storage read with head-major blocks (head_major: no gain for bf16,
+bench/results/ab-decode-layout-h100-2026-12-06-s17-*.json). (The "no_glu" variant, SiLU-and-mul apart from the gemv, was measured in
 bench/results/ab-decode-glu-h200-2026-12-04-s9.json.) (The L2 warm-up at 4/8/16 MiB against none:
 bench/results/ab-decode-l2-prefetch-h200-2026-12-04-s9.json, from next/l2-prefetch d1c5806.)
 (bench/results/ab-decode-h200-2026-12-03-s8.json came from commit 98a4f89, whose variants also
