@@ -23,6 +23,7 @@ import random
 import statistics
 import time
 import types
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -130,33 +131,51 @@ def decode_speedup(layers: int = 16, n: int = 256, reps: int = 15) -> dict:
             "decode_step_device_s_bf16": bd, "decode_step_device_s_fp8": fd}
 
 
-def decode_loop_speedup(layers: int = 16, n: int = 256, reps: int = 3) -> dict:
-    """fp8 over bf16 decode tokens/s of the decode worker's engine loop (scheduler, CUDA graphs,
-    CPU/GPU overlap: bench/engine.py's loop_decode) on n sequences of CTX cached tokens, both
-    runners alive and runs alternating; medians. The eager step of decode_speedup also times
-    the host building 256 block tables of 4k tokens, which the loop overlaps with the GPU."""
+def _loop_runs(layers: int, n: int, reps: int, variants: dict[str, tuple[str, Callable]]) -> dict[str, list[float]]:
+    """Decode tokens/s through the engine loop (bench/engine.py's loop_decode: scheduler, CUDA
+    graphs, CPU/GPU overlap) on n sequences of CTX cached tokens, per variant (name: KV cache
+    dtype and a context manager held while its runner is built and run), every runner alive and
+    runs alternating."""
     from engine import LOOP_STEPS, loop_decode  # bench/engine.py
 
     spec = llama8b(layers)
     per = (CTX + LOOP_STEPS) // BS + 2
     runners = {}
-    for kv in ("auto", "fp8_e4m3"):
-        runners[kv] = ModelRunner(spec, None, device="cuda", dtype=torch.bfloat16, num_blocks=n * per + 8,
-                                  block_size=BS, load_format="dummy", max_model_len=CTX + LOOP_STEPS + 2 * BS,
-                                  kv_cache_dtype=kv)
-        if kv == "auto":
-            runners[kv].kv_pool.normal_()
-        else:
-            runners[kv].kv_pool.view(torch.uint8).random_(0, 120)
-    runs: dict[str, list[float]] = {kv: [] for kv in runners}
+    for name, (kv, ctx) in variants.items():
+        with ctx():
+            runners[name] = ModelRunner(spec, None, device="cuda", dtype=torch.bfloat16, num_blocks=n * per + 8,
+                                        block_size=BS, load_format="dummy",
+                                        max_model_len=CTX + LOOP_STEPS + 2 * BS, kv_cache_dtype=kv)
+            if kv == "auto":
+                runners[name].kv_pool.normal_()
+            else:
+                runners[name].kv_pool.view(torch.uint8).random_(0, 120)
+    runs: dict[str, list[float]] = {name: [] for name in runners}
     for _ in range(reps):
-        for kv, runner in runners.items():
-            runs[kv].append(loop_decode(runner, spec, n, CTX, True))
+        for name, runner in runners.items():
+            with variants[name][1]():
+                runs[name].append(loop_decode(runner, spec, n, CTX, True))
     del runners
     free()
-    b, f = statistics.median(runs["auto"]), statistics.median(runs["fp8_e4m3"])
-    return {"fp8_decode_loop_speedup_4k_bs256": f / b, "decode_loop_tok_s_bf16": b, "decode_loop_tok_s_fp8": f,
-            "decode_loop_runs": runs}
+    return runs
+
+
+def decode_loop_speedup(layers: int = 16, n: int = 256, reps: int = 3, slot_major: bool = False) -> dict:
+    """fp8 over bf16 decode tokens/s of the decode worker's engine loop (_loop_runs); medians.
+    The eager step of decode_speedup also times the host building 256 block tables of 4k tokens,
+    which the loop overlaps with the GPU. slot_major: also fp8 with the block layout before
+    2026-12-06 (slot_major_fp8_blocks)."""
+    variants = {"auto": ("auto", contextlib.nullcontext), "fp8_e4m3": ("fp8_e4m3", contextlib.nullcontext)}
+    if slot_major:
+        variants["fp8_e4m3_slot_major"] = ("fp8_e4m3", slot_major_fp8_blocks)
+    runs = _loop_runs(layers, n, reps, variants)
+    med = {name: statistics.median(r) for name, r in runs.items()}
+    b, f = med["auto"], med["fp8_e4m3"]
+    res = {"layers": layers, "fp8_decode_loop_speedup_4k_bs256": f / b, "decode_loop_tok_s_bf16": b,
+           "decode_loop_tok_s_fp8": f, "decode_loop_runs": runs}
+    if slot_major:
+        res["fp8_slot_major_decode_loop_speedup_4k_bs256"] = med["fp8_e4m3_slot_major"] / b
+    return res
 
 
 @contextlib.contextmanager
@@ -179,27 +198,10 @@ def slot_major_fp8_blocks():
 
 
 def decode_loop_layout_ab(layers: int = 12, n: int = 256, reps: int = 3) -> dict:
-    """fp8 decode tokens/s through the engine loop (as decode_loop_speedup) with head-major
-    value blocks against slot-major ones, both runners alive, runs alternating; medians."""
-    from engine import LOOP_STEPS, loop_decode  # bench/engine.py
-
-    spec = llama8b(layers)
-    per = (CTX + LOOP_STEPS) // BS + 2
-    layouts = {"head_major": contextlib.nullcontext, "slot_major": slot_major_fp8_blocks}
-    runners = {}
-    for name, ctx in layouts.items():
-        with ctx():
-            runners[name] = ModelRunner(spec, None, device="cuda", dtype=torch.bfloat16, num_blocks=n * per + 8,
-                                        block_size=BS, load_format="dummy",
-                                        max_model_len=CTX + LOOP_STEPS + 2 * BS, kv_cache_dtype="fp8_e4m3")
-            runners[name].kv_pool.view(torch.uint8).random_(0, 120)
-    runs: dict[str, list[float]] = {name: [] for name in runners}
-    for _ in range(reps):
-        for name, runner in runners.items():
-            with layouts[name]():
-                runs[name].append(loop_decode(runner, spec, n, CTX, True))
-    del runners
-    free()
+    """fp8 decode tokens/s through the engine loop with head-major value blocks against
+    slot-major ones (_loop_runs); medians."""
+    runs = _loop_runs(layers, n, reps, {"head_major": ("fp8_e4m3", contextlib.nullcontext),
+                                        "slot_major": ("fp8_e4m3", slot_major_fp8_blocks)})
     h, s = statistics.median(runs["head_major"]), statistics.median(runs["slot_major"])
     return {"layers": layers, "fp8_head_major_over_slot_major": h / s, "decode_loop_tok_s_head_major": h,
             "decode_loop_tok_s_slot_major": s, "decode_loop_runs": runs}
