@@ -73,21 +73,22 @@ def bench_decode(seqs: int, context: int, copy_gbs: float) -> list[dict]:
     return rows
 
 
-def quant_paged(seqs: int, context: int, kv: str = "fp8_e4m3", width: int = 0) -> tuple[torch.Tensor, ...]:
+def quant_paged(seqs: int, context: int, kv: str = "fp8_e4m3", width: int = 0, block_size: int = S
+                ) -> tuple[torch.Tensor, ...]:
     """A one-layer quantized pool (values + per-token scales) of `seqs` sequences of `context`
-    tokens in shuffled blocks: (k_cache, v_cache, k_scale, v_scale, block_tables), the tables
-    `width` tokens wide if that is more than `context` needs."""
+    tokens in shuffled blocks of block_size tokens: (k_cache, v_cache, k_scale, v_scale,
+    block_tables), the tables `width` tokens wide if that is more than `context` needs."""
     from pdserve.model.spec import ModelSpec
     from pdserve.runtime.kv_quant import allocate_quant_pool, layer_views
 
     spec = ModelSpec.from_config_dict(dict(model_type="llama", hidden_size=HQ * D, intermediate_size=64,
                                            num_hidden_layers=1, num_attention_heads=HQ,
                                            num_key_value_heads=HK, vocab_size=128))
-    need = triton.cdiv(context, S)
-    pool = allocate_quant_pool(spec, seqs * need, S, kv, "cuda")
+    need = triton.cdiv(context, block_size)
+    pool = allocate_quant_pool(spec, seqs * need, block_size, kv, "cuda")
     pool.view(torch.uint8).random_(0, 120)  # finite fp8 values, positive scales
     kc, vc, ks, vs = layer_views(pool, 0, D)
-    tables = torch.zeros(seqs, max(need, width // S), dtype=torch.int32, device="cuda")
+    tables = torch.zeros(seqs, max(need, width // block_size), dtype=torch.int32, device="cuda")
     tables[:, :need] = torch.randperm(seqs * need, device="cuda").int().view(seqs, need)
     return kc, vc, ks, vs, tables
 

@@ -6,9 +6,10 @@ The pool stores a block slot-major ([S, Hk, D]: the heads of a slot side by side
 attention program, which reads one KV head, reads a page as S rows of D values 2 * Hk * D
 bytes apart (bf16). Head-major ([Hk, S, D]) makes that page one contiguous run. This times the
 real kernel (decode_with_partitions, default partition and tiles) over the same values in both
-layouts, bf16 and fp8 (values then per-token scales, head-major, as kv_quant packs them), with
-both grid orders, in interleaved rounds, beside a device copy and a read-only stream; and
-checks that both layouts give the same output.
+layouts, bf16 and fp8 (kv_quant's head-major blocks against the slot-major ones it had before
+2026-12-06, see bench/kvquant.py's slot_major_fp8_blocks), with both grid orders, in
+interleaved rounds, beside a device copy and a read-only stream; and checks that both layouts
+give the same output.
 """
 
 from __future__ import annotations
@@ -24,47 +25,35 @@ import torch
 import triton
 
 from attn_waves import read_bandwidth_gbs
-from kernel_bench import HQ, HK, D, _ms, copy_bandwidth_gbs
+from kernel_bench import HQ, HK, D, _ms, copy_bandwidth_gbs, quant_paged
+from kvquant import slot_major_fp8_blocks
 from pdserve.bench.provenance import source_commit
 from pdserve.kernels.decode_attention import decode_with_partitions, default_partition_size
 
 WIDTH = 4096  # block table tokens, as bench/engine.py builds them for a 4k model length
-SCALE = 4  # bytes of one fp32 scale
 
 
-def _views(block: torch.Tensor, s: int, row: int, head_major: bool) -> torch.Tensor:
-    """[N, S, Hk, D] view of the first S * Hk * row elements of each block row."""
-    n = block.shape[0]
-    strides = (block.stride(0), row, s * row, 1) if head_major else (block.stride(0), HK * row, row, 1)
-    return block.as_strided((n, s, HK, D), strides, block.storage_offset())
-
-
-def pools(seqs: int, context: int, s: int, fp8: bool) -> dict[str, tuple]:
-    """The same cache contents in both layouts: {layout: (k, v, k_scale, v_scale)} and tables."""
+def pools(seqs: int, context: int, s: int, fp8: bool) -> tuple[dict[str, tuple], torch.Tensor]:
+    """The same cache contents in both layouts: {layout: (k, v, k_scale, v_scale)} and tables.
+    fp8: kv_quant's pool (head-major) and a second one viewed slot-major (the layout before
+    2026-12-06), filled through the views with the first one's values and scales."""
+    if fp8:
+        *head, tables = quant_paged(seqs, context, "fp8_e4m3", WIDTH, s)
+        with slot_major_fp8_blocks():
+            *slot, _ = quant_paged(seqs, context, "fp8_e4m3", WIDTH, s)
+        for dst, src in zip(slot[:2], head[:2]):  # fp8 values, copied as bytes
+            dst.view(torch.uint8).copy_(src.view(torch.uint8))
+        for dst, src in zip(slot[2:], head[2:]):  # float32 scales
+            dst.copy_(src)
+        return {"slot_major": tuple(slot), "head_major": tuple(head)}, tables
     need = triton.cdiv(context, s)
     n = seqs * need
     tables = torch.zeros(seqs, max(need, WIDTH // s), dtype=torch.int32, device="cuda")
     tables[:, :need] = torch.randperm(n, device="cuda").int().view(seqs, need)
-    out = {}
-    if fp8:
-        vals = torch.randint(0, 120, (2, n, s, HK, D), dtype=torch.uint8, device="cuda")
-        scales = torch.rand(2, n, HK, s, device="cuda") + 0.5  # head-major, as kv_quant stores them
-        for name, hm in (("slot_major", False), ("head_major", True)):
-            blk = torch.empty(2, n, s * HK * D + s * HK * SCALE, dtype=torch.uint8, device="cuda")
-            body = vals.transpose(2, 3) if hm else vals
-            blk[:, :, : s * HK * D] = body.reshape(2, n, -1)
-            blk[:, :, s * HK * D:] = scales.reshape(2, n, -1).view(torch.uint8).view(2, n, -1)
-            blk = blk.view(torch.float8_e4m3fn)
-            kv = [_views(blk[i], s, D, hm) for i in range(2)]
-            sc = [blk[i].view(torch.uint8)[:, s * HK * D:].view(torch.float32).view(n, HK, s).transpose(1, 2)
-                  for i in range(2)]
-            out[name] = (kv[0], kv[1], sc[0], sc[1])
-    else:
-        vals = torch.randn(2, n, s, HK, D, dtype=torch.bfloat16, device="cuda")
-        out["slot_major"] = (vals[0], vals[1], None, None)
-        hm = vals.transpose(2, 3).contiguous()  # [2, n, Hk, s, D]
-        out["head_major"] = (hm[0].transpose(1, 2), hm[1].transpose(1, 2), None, None)
-    return out, tables
+    slot = torch.randn(2, n, s, HK, D, dtype=torch.bfloat16, device="cuda")
+    head = torch.empty(2, n, HK, s, D, dtype=torch.bfloat16, device="cuda").transpose(2, 3)
+    head.copy_(slot)
+    return {"slot_major": (slot[0], slot[1], None, None), "head_major": (head[0], head[1], None, None)}, tables
 
 
 def case(seqs: int, context: int, s: int, fp8: bool, rounds: int, read_gbs: float) -> dict:
@@ -72,7 +61,7 @@ def case(seqs: int, context: int, s: int, fp8: bool, rounds: int, read_gbs: floa
     q = torch.randn(seqs, HQ, D, dtype=torch.bfloat16, device="cuda")
     lens = torch.full((seqs,), context, dtype=torch.int32, device="cuda")
     part = default_partition_size(seqs, HK, tables.shape[1] * s, q.device)
-    kv_bytes = seqs * context * HK * 2 * (D + SCALE if fp8 else 2 * D)
+    kv_bytes = seqs * context * HK * 2 * (D + 4 if fp8 else 2 * D)  # fp8 rows carry a 4-byte scale
 
     def run(layout: str, heads_first: bool) -> torch.Tensor:
         k, v, ks, vs = layouts[layout]

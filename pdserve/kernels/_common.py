@@ -68,10 +68,9 @@ def check_cache(name: str, cache: torch.Tensor) -> None:
     values) or head-major (a head's S rows packed, stride(1) the row); any block stride."""
     check_dim(name, cache, 4)
     _, s, hk, d = cache.shape
-    row = cache.stride(2) if cache.stride(1) == hk * cache.stride(2) else cache.stride(1)
-    slot_major = cache.stride(1) == hk * row and cache.stride(2) == row
-    head_major = cache.stride(2) == s * row and cache.stride(1) == row
-    assert cache.stride(3) == 1 and row >= d and (slot_major or head_major), (
+    slot_major = cache.stride(1) == hk * cache.stride(2)
+    row = cache.stride(2) if slot_major else cache.stride(1)
+    assert cache.stride(3) == 1 and row >= d and (slot_major or cache.stride(2) == s * row), (
         f"{name} must be packed in its last 3 dims (slot, head, dim or head, slot, dim); "
         f"shape {tuple(cache.shape)} strides {cache.stride()}"
     )
