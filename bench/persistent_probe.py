@@ -182,7 +182,7 @@ class Layers:
         self.err = torch.zeros(1, device=device, dtype=torch.int32)
 
     def run(self, p: int, bn: tuple[int, int, int, int], bk: int, *, sync: bool, per_layer: bool,
-            pf_lines: int = 0, num_warps: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+            pf_lines: int = 0, num_warps: int = 4, maxnreg: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """All layers from (x0, r0); returns (h, residual) after the last one."""
         rows = (self.nqkv // p, self.h // p, self.inter // p, self.h // p)
         for r, b, n in zip(rows, bn, (self.nqkv, self.h, self.inter, self.h)):
@@ -200,7 +200,7 @@ class Layers:
                     self.qkv, self.mid, self.act, self.ctr, self.err, layer0, n, 1e-5,
                     H=self.h, NQKV=self.nqkv, I=self.inter, P=p, R0=rows[0], R1=rows[1], R2=rows[2], R3=rows[3],
                     BN0=bn[0], BN1=bn[1], BN2=bn[2], BN3=bn[3], BK=bk, PHASE_LO=lo, PHASE_HI=hi, SYNC=sync,
-                    PF_LINES=pf_lines, num_warps=num_warps,
+                    PF_LINES=pf_lines, num_warps=num_warps, **({"maxnreg": maxnreg} if maxnreg else {}),
                 )
         return self.hbuf.view(1, -1), self.res_a.view(1, -1)
 
@@ -246,7 +246,6 @@ def bench(layers: int) -> dict:
     a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     b = torch.empty_like(a)
     copy = 2 * a.numel() / (do_bench(lambda: b.copy_(a), rep=200, return_mode="median") * 1e3) / 1e3
-    del a, b
     m = Layers(layers, 4096, 6144, 14336, "cuda")
     gb = (m.wqkv[0].numel() + m.wo[0].numel() + m.wgu[0].numel() + m.wd[0].numel()) * 2 / 1e3
     ref_h, ref_r = m.reference(use_gemv=True)
@@ -258,30 +257,33 @@ def bench(layers: int) -> dict:
         try:
             m.err.zero_()
             out = fn()
-            err = (out[0].float() - ref_h.float()).abs().max().item() if check_out else 0.0
+            # relative to the reference's largest value (16 layers of bf16 roundings drift apart)
+            err = ((out[0].float() - ref_h.float()).abs().max() / ref_h.float().abs().max()).item() if check_out else 0.0
             torch.cuda.synchronize()
             if m.err.item():
                 raise RuntimeError("a barrier timed out (programs not all resident?)")
             t = do_bench_cudagraph(fn, rep=100) * 1e3 / layers
             regs = getattr(getattr(m, "compiled", None), "n_regs", None) if check_out else None
             res["variants"][label] = {"us_per_layer": t, "ratio_to_copy": gb / t / copy, "max_err": err, "regs": regs}
-            print(f"{label:60s} {t:8.2f} us/layer {gb / t / copy:.3f} of copy err {err:.2e} regs {regs}", flush=True)
+            print(f"{label:60s} {t:8.2f} us/layer {gb / t / copy:.3f} of copy rel err {err:.2e} regs {regs}", flush=True)
         except Exception as e:  # noqa: BLE001
             res["variants"][label] = {"failed": f"{type(e).__name__}: {str(e)[:200]}"}
             print(f"{label}: failed {type(e).__name__}: {str(e)[:300]}", flush=True)
 
     record("chain (gemv kernels)", lambda: m.reference(use_gemv=True), False)
     grid = [
-        # (P, BN per phase, BK, warps, pf_lines)
-        (512, (4, 8, 4, 8), 512, 4, 0), (512, (4, 8, 4, 8), 512, 4, 128), (512, (4, 8, 4, 8), 1024, 4, 128),
-        (256, (8, 16, 8, 16), 512, 4, 128), (256, (8, 8, 8, 8), 512, 8, 128), (256, (8, 16, 8, 16), 1024, 8, 256),
-        (128, (16, 16, 16, 16), 512, 8, 256),
+        # (P, BN per phase, BK, warps, pf_lines, maxnreg); H100 (a1feeb8): P=512 BK=1024 was best per layer
+        (512, (4, 8, 4, 8), 1024, 4, 128, None), (512, (4, 8, 4, 8), 1024, 4, 128, 128),
+        (512, (4, 8, 4, 8), 2048, 4, 128, 128), (512, (4, 8, 4, 8), 1024, 4, 0, 128),
+        (256, (8, 16, 8, 16), 1024, 8, 256, 128), (256, (8, 8, 4, 8), 2048, 8, 256, 128),
     ]
-    for p, bn, bk, warps, pf in grid:
-        kw = dict(bk=bk, num_warps=warps, pf_lines=pf)
-        tag = f"P={p} bn={bn} bk={bk} warps={warps} pf={pf}"
+    for p, bn, bk, warps, pf, maxnreg in grid:
+        kw = dict(bk=bk, num_warps=warps, pf_lines=pf, maxnreg=maxnreg)
+        tag = f"P={p} bn={bn} bk={bk} warps={warps} pf={pf} maxnreg={maxnreg}"
         record(f"one launch, {tag}", lambda: m.run(p, bn, sync=True, per_layer=False, **kw), True)  # noqa: B023
         record(f"per layer,  {tag}", lambda: m.run(p, bn, sync=True, per_layer=True, **kw), True)  # noqa: B023
+    kw = dict(bk=1024, num_warps=4, pf_lines=0, maxnreg=None)
+    record("per phase (no barrier), P=512 bk=1024", lambda: m.run(512, (4, 8, 4, 8), sync=False, per_layer=True, **kw), True)
     return res
 
 
