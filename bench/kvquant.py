@@ -30,6 +30,7 @@ import torch
 
 from pdserve.core.sampling import SamplingParams
 from pdserve.core.speculative import SpecStats, SpeculativeConfig
+from pdserve.bench.provenance import source_commit
 from pdserve.core.step_io import SeqSlice, StepInput
 from pdserve.model.spec import ModelSpec
 from pdserve.runtime.kv_cache import block_bytes
@@ -217,29 +218,40 @@ def k_upcast_ops() -> types.SimpleNamespace:
     return ops
 
 
-def greedy_agreement() -> dict:
-    """Share of greedy tokens (position by position) of an fp8 pool equal to the bf16 run, and
-    the mean position of a sequence's first differing token (64: none differ); the same for
-    the fp8 kernel that upcasts K and keeps the query unrounded (k_upcast)."""
+def greedy_agreement(device: str = "cuda") -> dict:
+    """Share of greedy tokens (position by position) of a quantized pool equal to the bf16 run,
+    and the mean position of a sequence's first differing token (64: none differ), for fp8,
+    int8 and (CUDA) the fp8 kernel that upcasts K (k_upcast). The noise floor beside them: the
+    same model in float32 against bf16 (greedy paths part wherever two logits nearly tie, so
+    even exact arithmetic in another precision diverges). Random-token prompts; with
+    $SMOLLM2_DIR also text prompts (text_lookup_prompts), keys suffixed _text."""
     model_dir = os.environ.get("SMOLLM2_DIR")
     spec = ModelSpec.from_dir(Path(model_dir)) if model_dir else ModelSpec.from_config_dict(SMOLLM2)
     rng = random.Random(0)
-    prompts = [[rng.randrange(spec.vocab_size) for _ in range(64)] for _ in range(16)]
+    prompt_sets = {"": [[rng.randrange(spec.vocab_size) for _ in range(64)] for _ in range(16)]}
+    if model_dir:
+        prompt_sets["_text"] = text_lookup_prompts(model_dir, 16)
     params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
-    outs = {}
-    for name, kv, ops in (("bf16", "auto", None), ("fp8", "fp8_e4m3", None), ("fp8_k_upcast", "fp8_e4m3", k_upcast_ops())):
-        runner = ModelRunner(spec, model_dir, device="cuda", dtype=torch.bfloat16, num_blocks=512,
-                             block_size=BS, load_format="auto" if model_dir else "dummy",
-                             enforce_eager=True, kv_cache_dtype=kv, ops=ops)
-        outs[name] = generate(runner, prompts, params)
-        free(runner)
-    res: dict = {"agreement_weights": "real" if model_dir else "dummy"}
-    for name, key in (("fp8", "fp8"), ("fp8_k_upcast", "fp8_k_upcast")):
-        pairs = list(zip(outs["bf16"], outs[name]))
-        same = sum(a == b for x, y in pairs for a, b in zip(x, y))
-        first = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), len(x)) for x, y in pairs]
-        res[f"greedy_agreement_{key}"] = same / sum(len(x) for x in outs["bf16"])
-        res[f"greedy_first_difference_mean_{key}"] = statistics.mean(first)
+    variants = [("bf16", torch.bfloat16, "auto", None), ("fp32", torch.float32, "auto", None),
+                ("fp8", torch.bfloat16, "fp8_e4m3", None), ("int8", torch.bfloat16, "int8", None)]
+    if device == "cuda":
+        variants.append(("fp8_k_upcast", torch.bfloat16, "fp8_e4m3", k_upcast_ops()))
+    res: dict = {"agreement_weights": "real" if model_dir else "dummy", "agreement_device": device}
+    for suffix, prompts in prompt_sets.items():
+        outs = {}
+        for name, dtype, kv, ops in variants:
+            runner = ModelRunner(spec, model_dir, device=device, dtype=dtype, num_blocks=512,
+                                 block_size=BS, load_format="auto" if model_dir else "dummy",
+                                 enforce_eager=True, kv_cache_dtype=kv, ops=ops)
+            outs[name] = generate(runner, prompts, params)
+            free(runner)
+        for name, *_ in variants[1:]:
+            key = "fp32_floor" if name == "fp32" else name
+            pairs = list(zip(outs["bf16"], outs[name]))
+            same = sum(a == b for x, y in pairs for a, b in zip(x, y))
+            first = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), len(x)) for x, y in pairs]
+            res[f"greedy_agreement_{key}{suffix}"] = same / sum(len(x) for x in outs["bf16"])
+            res[f"greedy_first_difference_mean_{key}{suffix}"] = statistics.mean(first)
     return res
 
 
@@ -325,8 +337,17 @@ def ngram_results() -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--agreement-only", action="store_true",
+                    help="only greedy_agreement (runs on CPU too: the torch reference path)")
     args = ap.parse_args()
     t0 = time.perf_counter()
+    if args.agreement_only:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        res = {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
+               "date": time.strftime("%Y-%m-%d"), "commit": source_commit()} | greedy_agreement(device)
+        Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
+        print(json.dumps(res, indent=2))
+        return
     res: dict = {"gpu": torch.cuda.get_device_name(0)}
     for part in (capacity_ratio, decode_speedup, decode_loop_speedup, greedy_agreement, ngram_results):
         res |= part()
