@@ -79,7 +79,6 @@ class Variant:
     split_per_sm: int = 2  # decode attention splits sequences until this many programs per SM
     table_tokens: int = 0  # the graphs' block-table width in tokens (0: the runner's model length)
     head_major: bool = False  # cache blocks read as [Hk, S, D] (a head's page contiguous), not [S, Hk, D]
-    tiles: str = "sweep"  # gemv.TILE_PLAN: "slices" gives 512 programs equal runs of rows
 
 
 VARIANTS = {
@@ -91,7 +90,6 @@ VARIANTS = {
     "table256": Variant(table_tokens=256),  # graphs for short contexts: one attention partition
     "table1k": Variant(table_tokens=1024),
     "head_major": Variant(head_major=True),
-    "slices": Variant(tiles="slices"),
 }
 
 
@@ -109,7 +107,6 @@ def apply(v: Variant) -> None:
     ops.rotary_write_kv = rotary_write_kv if v.rotary else unfused_rotary_write_kv
     ops.decode_rotary_attention = decode_rotary_attention if v.rope_decode else unfused_decode_rotary_attention
     gemv.PREFETCH_BYTES = v.prefetch
-    gemv.TILE_PLAN = v.tiles
     torch.backends.cuda.preferred_blas_library(v.blas)
     decode_attention._PROGRAMS_PER_SM = v.split_per_sm
 

@@ -51,19 +51,19 @@ def _prefetch_l2(ptrs):
 
 
 @triton.jit
-def _gemv_block(
-    x_ptr, r_ptr, g_ptr, sum_ptr, w_ptr, b_ptr, out_ptr, n_out, k_in, stride_w, eps, blk,
+def _gemv_kernel(
+    x_ptr, r_ptr, g_ptr, sum_ptr, w_ptr, b_ptr, out_ptr, pf_ptr, n_out, k_in, stride_w, eps, pf_lines,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-    NORM: tl.constexpr, HAS_RES: tl.constexpr, GLU: tl.constexpr,
+    NORM: tl.constexpr, HAS_RES: tl.constexpr, PF_LINES: tl.constexpr, GLU: tl.constexpr,
 ):
-    """Row block `blk` of the result (block 0 also stores the residual sum)."""
+    pid = tl.program_id(0)
     if GLU:  # BLOCK_N / 2 gate rows and the matching up rows (n_out + those): silu(g) * u
         j = tl.arange(0, BLOCK_N)
-        o = blk * (BLOCK_N // 2) + j % (BLOCK_N // 2)
+        o = pid * (BLOCK_N // 2) + j % (BLOCK_N // 2)
         nmask = o < n_out
         n = o + (j // (BLOCK_N // 2)) * n_out
     else:
-        n = blk * BLOCK_N + tl.arange(0, BLOCK_N)
+        n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         nmask = n < n_out
     rows = w_ptr + n.to(tl.int64)[:, None] * stride_w
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
@@ -74,7 +74,7 @@ def _gemv_block(
         x = _load(x_ptr, k, kmask, EVEN_K)
         if HAS_RES:  # the sum rounded to x's dtype, like reference.rms_norm's
             x = (x.to(tl.float32) + _load(r_ptr, k, kmask, EVEN_K).to(tl.float32)).to(x.dtype)
-            tl.store(sum_ptr + k, x, mask=kmask & ((tl.zeros_like(k) + blk) == 0))
+            tl.store(sum_ptr + k, x, mask=kmask & (tl.zeros_like(k) + pid == 0))
         xf = x.to(tl.float32)
         if NORM:  # (x + r) * g; the 1/rms is one factor per row, applied at the end
             ss += xf * xf
@@ -91,25 +91,11 @@ def _gemv_block(
         y += tl.load(b_ptr + n, mask=nmask, other=0.0).to(tl.float32)
     if GLU:
         gate, up = tl.split(tl.trans(tl.reshape(y, [2, BLOCK_N // 2])))
-        o = blk * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        o = pid * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
         act = gate / (1.0 + tl.exp(-gate)) * up
         tl.store(out_ptr + o, act.to(out_ptr.dtype.element_ty), mask=o < n_out)
     else:
         tl.store(out_ptr + n, y.to(out_ptr.dtype.element_ty), mask=nmask)
-
-
-@triton.jit
-def _gemv_kernel(
-    x_ptr, r_ptr, g_ptr, sum_ptr, w_ptr, b_ptr, out_ptr, pf_ptr, n_out, k_in, stride_w, eps, pf_lines,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-    NORM: tl.constexpr, HAS_RES: tl.constexpr, PF_LINES: tl.constexpr, GLU: tl.constexpr,
-    CHUNKS: tl.constexpr,
-):
-    pid = tl.program_id(0)
-    for c in tl.static_range(CHUNKS):  # CHUNKS consecutive row blocks per program
-        _gemv_block(x_ptr, r_ptr, g_ptr, sum_ptr, w_ptr, b_ptr, out_ptr, n_out, k_in, stride_w, eps,
-                    pid * CHUNKS + c, BLOCK_N, BLOCK_K, EVEN_K, HAS_BIAS, NORM,
-                    HAS_RES, GLU)
     if PF_LINES > 0:  # warm L2 with the start of the next projection's weights: its ramp
         line = tl.minimum(pid * PF_LINES + tl.arange(0, PF_LINES), pf_lines - 1)
         _prefetch_l2(pf_ptr + line.to(tl.int64) * 128)
@@ -126,7 +112,7 @@ def _launch(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
     summed: torch.Tensor | None = None, eps: float = 0.0, *, block_n: int, block_k: int, num_warps: int,
-    prefetch: torch.Tensor | None = None, glu: bool = False, chunks: int = 1,
+    prefetch: torch.Tensor | None = None, glu: bool = False,
 ) -> torch.Tensor:
     """Check the weight and knobs, and run the kernel over the row x (normed with norm_weight);
     at its end the programs ask L2 for the first PREFETCH_BYTES of `prefetch` (CUDA only).
@@ -144,7 +130,6 @@ def _launch(
         check_device(x=x, weight=weight)
     for name, v in (("block_n", block_n), ("block_k", block_k)):
         assert v >= 1 and v & (v - 1) == 0, f"{name} {v} must be a power of two"
-    assert chunks >= 1, f"chunks must be >= 1, got {chunks}"
     if glu:
         assert n % 2 == 0, f"a gate/up weight has an even row count, got {n}"
         assert block_n >= 2, f"glu needs block_n >= 2 (a gate and an up row), got {block_n}"
@@ -152,7 +137,7 @@ def _launch(
     out = torch.empty((1, n_out), dtype=x.dtype, device=x.device)
     if n == 0:
         return out
-    grid = triton.cdiv(n_out, (block_n // 2 if glu else block_n) * chunks)
+    grid = triton.cdiv(n_out, block_n // 2 if glu else block_n)
     pf, pf_lines, per_program = _prefetch_plan(prefetch, x.device, grid)
     _gemv_kernel[(grid,)](
         x, residual if residual is not None else x, norm_weight if norm_weight is not None else x,
@@ -160,7 +145,7 @@ def _launch(
         pf if pf is not None else out, n_out, k, weight.stride(0), float(eps), pf_lines,
         BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=k % block_k == 0, HAS_BIAS=bias is not None,
         NORM=norm_weight is not None, HAS_RES=residual is not None, PF_LINES=per_program, GLU=glu,
-        CHUNKS=chunks, num_warps=num_warps,
+        num_warps=num_warps,
     )
     return out
 
@@ -186,23 +171,20 @@ def _prefetch_plan(prefetch: torch.Tensor | None, device: torch.device, grid: in
 def gemv(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
     *, block_n: int = 8, block_k: int = 512, num_warps: int = 4, prefetch: torch.Tensor | None = None,
-    chunks: int = 1,
 ) -> torch.Tensor:
     """x [1, K] @ weight[N, K]^T (+ bias [N]) -> [1, N] in x's dtype, fp32 accumulation.
 
-    block_n (rows per block) and block_k (reduction chunk), powers of two, chunks (consecutive
-    row blocks per program) and num_warps are tuning knobs; `prefetch` (the next kernel's
-    weight) gets its start into L2."""
+    block_n (output rows per program) and block_k (reduction chunk), powers of two, and
+    num_warps are tuning knobs; `prefetch` (the next kernel's weight) gets its start into L2."""
     _check_row(x)
-    return _launch(x, weight, bias, block_n=block_n, block_k=block_k, num_warps=num_warps, prefetch=prefetch,
-                   chunks=chunks)
+    return _launch(x, weight, bias, block_n=block_n, block_k=block_k, num_warps=num_warps, prefetch=prefetch)
 
 
 def norm_gemv(
     x: torch.Tensor, norm_weight: torch.Tensor, eps: float, residual: torch.Tensor | None,
     weight: torch.Tensor, bias: torch.Tensor | None = None,
     *, block_n: int = 8, block_k: int = 512, num_warps: int = 4, prefetch: torch.Tensor | None = None,
-    glu: bool = False, chunks: int = 1,
+    glu: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """rms_norm then gemv in one kernel: (gemv(norm(x + residual) * norm_weight), x + residual);
     without a residual the second result is x itself (as in reference.rms_norm). glu: the
@@ -223,7 +205,7 @@ def norm_gemv(
     else:
         check_device(x=x, norm_weight=norm_weight)
     out = _launch(x, weight, bias, residual, norm_weight, summed, eps,
-                  block_n=block_n, block_k=block_k, num_warps=num_warps, prefetch=prefetch, glu=glu, chunks=chunks)
+                  block_n=block_n, block_k=block_k, num_warps=num_warps, prefetch=prefetch, glu=glu)
     if residual is not None and weight.shape[0] == 0:  # no program ran to store the sum
         summed.copy_(x + residual)
     return out, summed
@@ -239,39 +221,6 @@ def gemv_tiles(n: int, k: int) -> tuple[int, int, int]:
     return 8, 512, 4
 
 
-# "sweep": gemv_tiles (one row block per program, tiles from isolated kernels, whose weights
-# partly stay in L2 between runs); "slices": slice_tiles where they apply.
-TILE_PLAN = "sweep"
-SLICE_PROGRAMS = 512
-
-
-def slice_tiles(n_out: int, k: int, glu: bool = False, programs: int = SLICE_PROGRAMS
-                ) -> tuple[int, int, int, int] | None:
-    """(block_n, block_k, num_warps, chunks) that give each of `programs` programs an equal run
-    of consecutive output rows in blocks of 4-8 (None when no such split exists: Qwen2.5-7B's
-    shapes, lm_heads): one wave, no ragged tail.
-    In a chain of Llama-3.1-8B's four batch-1 projections on an H100 this ran at 0.912 of the
-    copy bandwidth against 0.896 (bench/persistent_probe.py, its "per phase" variant,
-    bench/results/persistent-probe-h100-2026-12-06-s18c.json)."""
-    if n_out % programs:
-        return None
-    rows = n_out // programs
-    bn = 8
-    while rows % bn:
-        bn //= 2
-    if bn < 4:
-        return None
-    return (2 * bn if glu else bn), min(1024, next_pow2(k)), 4, rows // bn
-
-
-def _tiles(weight: torch.Tensor, glu: bool = False) -> dict[str, int]:
-    """The gemv knobs for `weight` under TILE_PLAN."""
-    n, k = weight.shape
-    if TILE_PLAN == "slices" and (t := slice_tiles(n // 2 if glu else n, k, glu, SLICE_PROGRAMS)) is not None:
-        return dict(zip(("block_n", "block_k", "num_warps", "chunks"), t))
-    return dict(zip(("block_n", "block_k", "num_warps"), gemv_tiles(n, k)))
-
-
 def _one_row(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """True when gemv serves x @ weight^T: one contiguous bf16/fp16 row (batch-1 decode)."""
     return (x.dim() == 2 and x.shape[0] == 1 and x.dtype in (torch.bfloat16, torch.float16)
@@ -283,7 +232,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """F.linear, through gemv when x is one contiguous bf16/fp16 row (batch-1 decode); then
     `prefetch` (the next projection's weight) is warmed into L2 at the kernel's end."""
     if _one_row(x, weight):
-        return gemv(x, weight, bias, prefetch=prefetch, **_tiles(weight))
+        bn, bk, warps = gemv_tiles(*weight.shape)
+        return gemv(x, weight, bias, block_n=bn, block_k=bk, num_warps=warps, prefetch=prefetch)
     return torch.nn.functional.linear(x, weight, bias)
 
 
@@ -293,7 +243,9 @@ def norm_linear(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """reference.norm_linear: one fused kernel for a batch-1 row, else rms_norm and F.linear."""
     if _one_row(x, weight) and (residual is None or residual.stride(-1) == 1):
-        return norm_gemv(x, norm_weight, eps, residual, weight, bias, prefetch=prefetch, **_tiles(weight))
+        bn, bk, warps = gemv_tiles(*weight.shape)
+        return norm_gemv(x, norm_weight, eps, residual, weight, bias,
+                         block_n=bn, block_k=bk, num_warps=warps, prefetch=prefetch)
     normed, summed = rms_norm(x, norm_weight, eps, residual)
     return torch.nn.functional.linear(normed, weight, bias), summed
 
@@ -305,7 +257,8 @@ def norm_glu(
     """reference.norm_glu: one fused kernel for a batch-1 row (norm, gate/up gemv, SiLU-and-mul:
     the [1, 2I] gate_up row is never written), else rms_norm, F.linear and silu_and_mul."""
     if _one_row(x, weight) and (residual is None or residual.stride(-1) == 1):
-        return norm_gemv(x, norm_weight, eps, residual, weight, bias, prefetch=prefetch, glu=True,
-                         **_tiles(weight, glu=True))
+        bn, bk, warps = gemv_tiles(*weight.shape)
+        return norm_gemv(x, norm_weight, eps, residual, weight, bias, block_n=bn, block_k=bk,
+                         num_warps=warps, prefetch=prefetch, glu=True)
     out, summed = norm_linear(x, norm_weight, eps, residual, weight, bias)
     return silu_and_mul(out), summed

@@ -11,7 +11,7 @@ pytest.importorskip("triton")
 from kernel_helpers import DEVICE, DTYPES, assert_close  # noqa: E402
 
 from pdserve.kernels import reference  # noqa: E402
-from pdserve.kernels.gemv import gemv, gemv_tiles, linear, norm_gemv, norm_glu, norm_linear, slice_tiles  # noqa: E402
+from pdserve.kernels.gemv import gemv, gemv_tiles, linear, norm_gemv, norm_glu, norm_linear  # noqa: E402
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -147,50 +147,6 @@ def test_linear_takes_gemv_for_one_half_precision_row(monkeypatch: pytest.Monkey
     linear(torch.randn(3, 64, dtype=torch.bfloat16, device=DEVICE), w)
     linear(torch.randn(1, 64, device=DEVICE), w.float())
     assert calls == [(24, 64)]
-
-
-@pytest.mark.parametrize(("n", "chunks"), [(48, 3), (50, 3), (7, 2)])
-@pytest.mark.parametrize("glu", [False, True])
-def test_chunked_programs_match_one_block_per_program(n: int, chunks: int, glu: bool) -> None:
-    """chunks consecutive row blocks per program (the last program's ragged or wholly past the
-    end): the same result as one block per program, and the residual sum stored once."""
-    x, r, g, w = _norm_inputs(1, 96, 2 * n if glu else n, torch.float16, x_scale=3)
-    one, sum_one = norm_gemv(x, g, 1e-5, r, w, block_n=8, block_k=32, glu=glu)
-    many, sum_many = norm_gemv(x, g, 1e-5, r, w, block_n=8, block_k=32, glu=glu, chunks=chunks)
-    assert many.shape == one.shape == (1, n)
-    torch.testing.assert_close(many, one, rtol=0, atol=0)
-    torch.testing.assert_close(sum_many, sum_one, rtol=0, atol=0)
-    plain = gemv(x, w, block_n=4, block_k=64, chunks=chunks)
-    assert_close(plain, reference.linear(x.float(), w.float(), None).to(x.dtype))
-
-
-def test_slice_tiles_split_rows_evenly() -> None:
-    """Every program an equal run of whole row blocks, or None where the rows do not divide."""
-    for n_out, k, glu in ((6144, 4096, False), (4096, 4096, False), (14336, 4096, True), (4096, 14336, False)):
-        bn, bk, warps, chunks = slice_tiles(n_out, k, glu)
-        rows = (bn // 2 if glu else bn) * chunks
-        assert rows * 512 == n_out and bk == 1024 and warps == 4 and bn & (bn - 1) == 0
-    assert slice_tiles(6144, 4096) == (4, 1024, 4, 3)
-    assert slice_tiles(14336, 4096, glu=True) == (8, 1024, 4, 7)
-    assert slice_tiles(768, 64, programs=64) == (4, 64, 4, 3)
-    assert slice_tiles(4608, 3584) is None  # Qwen2.5-7B's qkv: 9 rows per program, blocks of 1
-    assert slice_tiles(128256, 4096) is None  # lm_head: 250.5 rows per program
-
-
-def test_linear_follows_the_tile_plan(monkeypatch: pytest.MonkeyPatch) -> None:
-    """TILE_PLAN "slices" routes shapes slice_tiles divides through it, others through gemv_tiles."""
-    import pdserve.kernels.gemv as mod
-
-    seen = []
-    monkeypatch.setattr(mod, "gemv", lambda x, w, b=None, **kw: seen.append(kw) or torch.zeros(1, w.shape[0]))
-    monkeypatch.setattr(mod, "SLICE_PROGRAMS", 4)
-    x = torch.randn(1, 64, dtype=torch.bfloat16)
-    for plan in ("sweep", "slices"):
-        monkeypatch.setattr(mod, "TILE_PLAN", plan)
-        mod.linear(x, torch.randn(48, 64, dtype=torch.bfloat16))
-        mod.linear(x, torch.randn(50, 64, dtype=torch.bfloat16))
-    assert [kw.get("chunks", 1) for kw in seen] == [1, 1, 3, 1]
-    assert seen[2]["block_n"] == 4 and seen[3]["block_n"] == seen[1]["block_n"] == 8
 
 
 def test_gemv_tiles_follow_the_shape() -> None:
