@@ -17,6 +17,15 @@ layer of the current chain (pdserve.kernels.gemv, one kernel per projection) and
 persistent kernel, launched per layer or once for all layers, over knobs, with the max error
 to the chain. Under TRITON_INTERPRET=1 `--check` runs small shapes phase by phase (the
 interpreter runs programs one after another, so a barrier would never open) against torch.
+
+Found (H100, 16 layers, bench/results/persistent-probe-h100-2026-12-06-s18a/-s18c.json): the chain
+161-162 us per layer (0.89-0.90 of copy); the persistent kernel launched per layer at best 158.0
+(0.913), launched once for all layers 172-174 (the in-kernel barriers cost more than launch
+boundaries in a graph), and its phases as separate launches without barriers 158.2 (0.912). So
+the barriers buy nothing. The equal-slice tiling ported into pdserve.kernels.gemv (5b56f55) made
+whole batch-1 engine steps 27 % slower on the same H100 (bench/ab_decode.py, variant slices,
+ab-decode-slices-h100-2026-12-06-s18d-*.json) and was dropped; why the engine and this chain
+disagree was not looked into. No H200 ran it.
 """
 
 from __future__ import annotations
