@@ -93,6 +93,11 @@ def varying_args(fn: JITFunction) -> list[str]:
             if len({str(s[i]) if i < len(s) else "" for s in specs}) > 1]
 
 
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def random_batch(rng: random.Random, next_block: list[int], num_blocks: int, vocab: int,
                  max_prompts: int) -> StepInput:
     """1..max_prompts prompts of 256-768 tokens; a third start behind a cached prefix."""
@@ -119,16 +124,17 @@ def main() -> None:
     p.add_argument("--max-prompts", type=int, default=8)
     p.add_argument("--warm", action="store_true")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cuda")  # cpu: a smoke run of the script (nothing compiles)
     args = p.parse_args()
     cfg = json.loads(Path(args.config).read_text())
     cfg["num_hidden_layers"] = args.layers
     spec = ModelSpec.from_config_dict(cfg)
     num_blocks = 4096
-    runner = ModelRunner(spec, None, device="cuda", dtype=torch.bfloat16, num_blocks=num_blocks,
+    runner = ModelRunner(spec, None, device=args.device, dtype=torch.bfloat16, num_blocks=num_blocks,
                          block_size=BS, load_format="dummy", max_model_len=8192, max_num_seqs=64)
     fns = jit_functions()
     base = compiled(fns)  # the decode graphs' captures compiled these
-    result: dict = {"gpu": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
+    result: dict = {"gpu": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "date": datetime.date.today().isoformat(),
                     "commit": source_commit(), "config": Path(args.config).name, "layers": args.layers,
                     "compiled_at_start": base, "warm": args.warm}
     if args.warm:
@@ -142,10 +148,10 @@ def main() -> None:
     for _ in range(args.calls):
         step = random_batch(rng, next_block, num_blocks, spec.vocab_size, args.max_prompts)
         before = compiled(fns)
-        torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
         runner.execute(step)
-        torch.cuda.synchronize()
+        sync()
         ms = (time.perf_counter() - t0) * 1e3
         calls.append({"prompts": len(step.seqs), "tokens": step.num_tokens, "ms": ms,
                       "compiled": compiled(fns) - before})

@@ -91,6 +91,8 @@ def build(args: argparse.Namespace) -> Built:
         enforce_eager=getattr(args, "enforce_eager", False),
         kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"),
     )
+    if device.type == "cuda":  # compile the eager path's kernels before the first request
+        runner.warm_up()
     cfg = SchedulerConfig(
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=max(args.max_num_batched_tokens, args.block_size),
@@ -109,6 +111,8 @@ def build(args: argparse.Namespace) -> Built:
                 max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                 enforce_eager=getattr(args, "enforce_eager", False),
             )
+            if device.type == "cuda":
+                draft.warm_up()
             proposer = DraftModelProposer(draft, spec.vocab_size)
         planner = DraftPlanner(spec_cfg, args.max_model_len, proposer=proposer)
     sched = Scheduler(cfg, BlockManager(num_blocks, args.block_size, salt=salt), planner)

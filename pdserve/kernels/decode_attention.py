@@ -101,7 +101,9 @@ def _rotate_and_write(
     return q.to(q_ptr.dtype.element_ty)
 
 
-@triton.jit
+# Arguments that follow the batch (table width, partitions) are not specialized on (== 1, divisible
+# by 16): eager steps would compile a variant per new combination (bench/jit_variants.py).
+@triton.jit(do_not_specialize=["stride_bt", "num_parts"])
 def _decode_kernel(
     q_ptr, kc_ptr, vc_ptr, bt_ptr, lens_ptr, out_ptr, lse_ptr, ks_ptr, vs_ptr,
     kn_ptr, vn_ptr, pos_ptr, cs_ptr, slot_ptr,
@@ -182,7 +184,7 @@ def _decode_kernel(
         tl.store(lse_ptr + (b * (num_kv * G) + heads) * num_parts + part, lse, mask=gmask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_parts"])
 def _merge_kernel(
     part_ptr, lse_ptr, out_ptr, stride_ob, stride_oh, num_heads, num_parts, head_dim,
     P_PAD: tl.constexpr, D_PAD: tl.constexpr,

@@ -36,7 +36,8 @@ def _find_sequence(qsl_ptr, pid, num_seqs, BLOCK_Q: tl.constexpr):
     return lo
 
 
-@triton.jit
+# the table width and the sequence count follow the batch: one variant for all (bench/jit_variants.py)
+@triton.jit(do_not_specialize=["stride_bt", "num_seqs"])
 def _prefill_kernel(
     q_ptr, kc_ptr, vc_ptr, bt_ptr, lens_ptr, qsl_ptr, out_ptr, ks_ptr, vs_ptr,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_cn, stride_cs, stride_ch, stride_bt,

@@ -10,6 +10,7 @@ from types import ModuleType
 import torch
 
 from pdserve.core.kv_layout import KvLayout
+from pdserve.core.sampling import SamplingParams
 from pdserve.core.step_io import PLACEHOLDER, SeqSlice, StepInput, StepOutput
 from pdserve.model.llama import AttnMetadata, LayerHook, LlamaModel
 from pdserve.model.loader import load_weights
@@ -92,6 +93,31 @@ class ModelRunner:
                 self.model, self.kv_pool, block_size=block_size,
                 max_model_len=self.max_model_len, max_num_seqs=max_num_seqs, prev_tokens=self.prev_tokens,
             )
+
+    def warm_up(self) -> None:
+        """Run the kernels of eager steps once, so that Triton compiles them now rather than
+        inside the first requests' steps (a compile takes ~0.1-1 s): a one-prompt prefill, a
+        two-prompt prefill (one behind a cached prefix, one top-p sampled), then a decode step.
+        Writes KV into the pool's first 9 blocks, so call it before serving; leaves no other
+        trace (the runner's generator is restored). A pool or length too small: no-op."""
+        bs = self.block_size
+        if self.num_blocks < 9 or self.max_model_len < 4 * bs + 1:
+            return
+        greedy = SamplingParams(temperature=0.0, max_tokens=1)
+        top_p = SamplingParams(temperature=1.0, top_p=0.9, seed=0, max_tokens=1)
+        ids = [i % self.spec.vocab_size for i in range(4 * bs)]
+        steps = [
+            (SeqSlice("w0", tuple(ids[: 2 * bs + 3]), 0, (0, 1, 2), greedy),),
+            (SeqSlice("w1", tuple(ids[bs:]), bs, (0, 3, 4, 5), top_p),
+             SeqSlice("w2", tuple(ids[: bs + 1]), 0, (6, 7), greedy)),
+            (SeqSlice("w1", (1,), 4 * bs, (0, 3, 4, 5, 8), greedy),
+             SeqSlice("w2", (1,), bs + 1, (6, 7), greedy)),
+        ]
+        state = self.generator.get_state()
+        for seqs in steps:
+            self.execute(StepInput(seqs))
+        self.generator.set_state(state)
+        self._prev_ids = []
 
     def execute(self, step: StepInput, layer_hook: LayerHook | None = None) -> StepOutput:
         """Run one step; `layer_hook(l)` is called once layer l's new KV is in the pool."""

@@ -15,6 +15,8 @@ import torch
 
 from pdserve.core.step_io import SeqSlice
 
+ALIGN = 4  # int32 entries (16 bytes) each uploaded view starts on: see HostStager.upload
+
 
 def int32_tensor(values: Sequence[int]) -> torch.Tensor:
     """A CPU int32 tensor of a flat int list (array.array is ~4x faster than torch.tensor)."""
@@ -93,8 +95,14 @@ class HostStager:
         self._turn = 1 - turn
 
     def upload(self, parts: list[list[int]]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """int32 tensors, one per list, built in one go: (device views, host views)."""
-        flat = list(itertools.chain.from_iterable(parts)) if len(parts) > 1 else parts[0]
+        """int32 tensors, one per list, built in one go: (device views, host views).
+
+        Each view starts 16 bytes into the buffer's alignment (ALIGN entries): Triton compiles a
+        kernel once per alignment pattern of its pointer arguments, so views at offsets that
+        follow the step's lengths made prefill forwards compile new variants long after start-up
+        (bench/jit_variants.py)."""
+        pads = [[0] * (-len(p) % ALIGN) for p in parts]
+        flat = list(itertools.chain.from_iterable(itertools.chain.from_iterable(zip(parts, pads))))
         host = int32_tensor(flat)
         if self._cuda:
             buf = self.host_buffer(host.numel())[: host.numel()]
@@ -104,8 +112,8 @@ class HostStager:
         else:
             dev = host
         out, views, at = [], [], 0
-        for p in parts:
+        for p, pad in zip(parts, pads):
             out.append(dev[at : at + len(p)])
             views.append(host[at : at + len(p)])
-            at += len(p)
+            at += len(p) + len(pad)
         return out, views

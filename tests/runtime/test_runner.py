@@ -107,3 +107,30 @@ def test_bfloat16_runs_and_reports_its_layout() -> None:
     assert r.kv_pool.dtype == torch.bfloat16 and r.layout.dtype == "bfloat16"
     out = r.execute(StepInput((SeqSlice("x", (5, 6, 7, 8, 9), 0, (1, 3), GREEDY),)))
     assert 0 <= out.sampled["x"] < SPEC.vocab_size
+
+
+def test_warm_up_leaves_no_trace() -> None:
+    """warm_up runs prefill, prefix and decode steps, then the runner behaves as a fresh one:
+    same unseeded draws (its generator untouched), and a placeholder slice is refused as if
+    no step had run."""
+    def fresh() -> ModelRunner:
+        return ModelRunner(SPEC, None, num_blocks=16, block_size=4, load_format="dummy", seed=3)
+
+    warm = fresh()
+    warm.warm_up()
+    with pytest.raises(ValueError, match="did not sample"):
+        warm.execute(StepInput((SeqSlice("w2", (-1,), 9, (6, 7, 8), GREEDY, prev_row=0),)))
+    hot = SamplingParams(temperature=1.0, max_tokens=8)
+    steps = [StepInput((SeqSlice("s", (5, 6, 7, 8, 9), 0, (9, 10), hot),))] + [
+        StepInput((SeqSlice("s", (-1,), pos, (9, 10, 11), hot, prev_row=0),)) for pos in range(5, 9)]
+    runs = []
+    for r in (warm, fresh()):
+        runs.append([r.execute(s).sampled["s"] for s in steps])
+    assert runs[0] == runs[1]
+    assert len(set(runs[0])) > 1  # temperature 1 over random weights: the draws do vary
+
+
+def test_warm_up_skips_a_pool_too_small() -> None:
+    r = ModelRunner(SPEC, None, num_blocks=8, block_size=4, load_format="dummy", seed=3)
+    r.warm_up()
+    assert not r.kv_pool.any()  # nothing ran
