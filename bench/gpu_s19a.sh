@@ -10,7 +10,7 @@ run() {  # name, pythonpath, args...
     local name=$1 pp=$2; shift 2
     export TRITON_CACHE_DIR=/tmp/triton-$name; rm -rf "$TRITON_CACHE_DIR"
     echo "=== $name"
-    PYTHONPATH=$pp timeout 200 python3 bench/jit_variants.py --out "$OUT/jit-variants-$g-$d-s19a-$name.json" "$@" \
+    PYTHONPATH=$pp timeout 150 python3 bench/jit_variants.py --out "$OUT/jit-variants-$g-$d-s19a-$name.json" "$@" \
         2>&1 | grep -v Warn | tail -42 | cut -c1-200
 }
 [ -d old/pdserve ] && run before "/tmp/site:$PWD/old:$PWD"
