@@ -1,0 +1,87 @@
+"""Prefill steps of any shape launch each kernel with one specialization.
+
+Triton compiles a kernel once per combination of its arguments' specialization classes (an int
+equal to 1 or divisible by 16, a pointer 16-byte aligned; not for do_not_specialize names), so
+an argument whose class follows the batch makes steps compile new variants (~0.1-1 s each)
+long after start-up (bench/jit_variants.py measures it on a GPU). This runs prefill batches of
+varied sizes, some behind cached prefixes, through a ModelRunner on the Triton ops and records
+each launch's classes with Triton's rule.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import random
+
+import torch
+
+import pdserve.kernels
+from pdserve.core.sampling import SamplingParams
+from pdserve.core.step_io import SeqSlice, StepInput
+from pdserve.kernels import triton_ops
+from pdserve.model.spec import ModelSpec
+from pdserve.runtime.runner import ModelRunner
+
+SPEC = ModelSpec.from_config_dict(dict(
+    model_type="llama", hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+    num_attention_heads=4, num_key_value_heads=2, vocab_size=128, max_position_embeddings=512,
+))
+BS = 4
+
+
+def spec_class(value: object) -> object:
+    """Triton's specialization of one launch argument (its type and the values it keys on)."""
+    if isinstance(value, torch.Tensor):
+        return ("ptr", value.dtype, value.data_ptr() % 16 == 0)
+    if isinstance(value, bool) or not isinstance(value, int):
+        return type(value).__name__
+    return ("int", value == 1, value % 16 == 0, -2**31 <= value < 2**31)
+
+
+def kernels() -> list:
+    """The launchable kernels (not device helpers) of pdserve.kernels."""
+    out = []
+    for info in pkgutil.iter_modules(pdserve.kernels.__path__):
+        mod = importlib.import_module(f"pdserve.kernels.{info.name}")
+        out += [obj for name, obj in vars(mod).items()
+                if name.startswith("_") and name.endswith("_kernel") and hasattr(obj, "add_pre_run_hook")]
+    return out
+
+
+def test_prefill_steps_of_any_shape_share_one_variant_per_kernel() -> None:
+    seen: dict[str, set] = {}
+    found = kernels()
+    assert any(k.__name__ == "_prefill_kernel" for k in found), [k.__name__ for k in found]
+    for k in found:
+        skip = k.do_not_specialize if hasattr(k, "do_not_specialize") else k.kwargs.get("do_not_specialize")
+        names = k.arg_names
+        skip = {names[i] if isinstance(i, int) else i for i in skip or ()}
+
+        def record(*args: object, _k=k, _names=names, _skip=skip, **kwargs: object) -> None:
+            classes = tuple(spec_class(a) for n, a in zip(_names, args) if n not in _skip)
+            seen.setdefault(_k.__name__, set()).add(classes)
+
+        k.add_pre_run_hook(record)
+    try:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        runner = ModelRunner(SPEC, None, device=device, dtype=torch.float32, num_blocks=96, block_size=BS,
+                             load_format="dummy", ops=triton_ops, enforce_eager=True)
+        rng = random.Random(0)
+        greedy = SamplingParams(temperature=0.0)
+        for step in range(8):
+            seqs, nxt = [], 0
+            for i in range(1 + step % 4):
+                n = rng.randint(5, 23)
+                start = rng.randrange(0, n - 1, BS) if i % 2 else 0
+                need = -(-n // BS)
+                seqs.append(SeqSlice(f"r{i}", tuple(rng.randrange(128) for _ in range(n - start)), start,
+                                     tuple(range(nxt, nxt + need)), greedy))
+                nxt += need
+            runner.execute(StepInput(tuple(seqs)))
+    finally:
+        for k in found:
+            k.pre_run_hooks.clear()
+    assert "_prefill_kernel" in seen
+    many = {name: len(v) for name, v in seen.items() if len(v) > 1}
+    assert not many, f"kernels launched with several specializations: {many}"
