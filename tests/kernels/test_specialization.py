@@ -1,11 +1,11 @@
-"""Prefill steps of any shape launch each kernel with one specialization.
+"""Prefill and eager decode steps of any shape launch each kernel with one specialization.
 
 Triton compiles a kernel once per combination of its arguments' specialization classes (an int
 equal to 1 or divisible by 16, a pointer 16-byte aligned; not for do_not_specialize names), so
 an argument whose class follows the batch makes steps compile new variants (~0.1-1 s each)
 long after start-up (bench/jit_variants.py measures it on a GPU). This runs prefill batches of
-varied sizes, some behind cached prefixes, through a ModelRunner on the Triton ops and records
-each launch's classes with Triton's rule.
+varied sizes, some behind cached prefixes, each followed by an eager decode step, through a
+ModelRunner on the Triton ops and records each launch's classes with Triton's rule.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def kernels() -> list:
     return out
 
 
-def test_prefill_steps_of_any_shape_share_one_variant_per_kernel() -> None:
+def test_steps_of_any_shape_share_one_variant_per_kernel() -> None:
     seen: dict[str, set] = {}
     found = kernels()
     assert any(k.__name__ == "_prefill_kernel" for k in found), [k.__name__ for k in found]
@@ -76,12 +76,15 @@ def test_prefill_steps_of_any_shape_share_one_variant_per_kernel() -> None:
                 start = rng.randrange(0, n - 1, BS) if i % 2 else 0
                 need = -(-n // BS)
                 seqs.append(SeqSlice(f"r{i}", tuple(rng.randrange(128) for _ in range(n - start)), start,
-                                     tuple(range(nxt, nxt + need)), greedy))
-                nxt += need
-            runner.execute(StepInput(tuple(seqs)))
+                                     tuple(range(nxt, nxt + need + 1)), greedy))
+                nxt += need + 1
+            out = runner.execute(StepInput(tuple(seqs)))
+            runner.execute(StepInput(tuple(  # then one eager decode step of the same sequences
+                SeqSlice(s.request_id, (out.sampled[s.request_id],), s.end_pos, s.block_table, greedy)
+                for s in seqs)))
     finally:
         for k in found:
             k.pre_run_hooks.clear()
-    assert "_prefill_kernel" in seen
+    assert "_prefill_kernel" in seen and "_decode_kernel" in seen
     many = {name: len(v) for name, v in seen.items() if len(v) > 1}
     assert not many, f"kernels launched with several specializations: {many}"
