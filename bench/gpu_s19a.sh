@@ -16,3 +16,6 @@ run() {  # name, pythonpath, args...
 [ -d old/pdserve ] && run before "/tmp/site:$PWD/old:$PWD"
 run fixed "/tmp/site:$PWD"
 run fixed-warm "/tmp/site:$PWD" --warm
+echo "=== kernel tests (compiled)"
+timeout 120 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_specialization.py \
+    tests/kernels/test_decode_attention.py tests/kernels/test_prefill_attention.py 2>&1 | tail -2

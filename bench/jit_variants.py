@@ -45,7 +45,7 @@ def jit_functions() -> dict[str, JITFunction]:
     for info in pkgutil.iter_modules(pdserve.kernels.__path__):
         mod = importlib.import_module(f"pdserve.kernels.{info.name}")
         for name, obj in vars(mod).items():
-            if isinstance(obj, JITFunction) and obj.__module__ == mod.__name__:
+            if isinstance(obj, JITFunction) and getattr(obj.fn, "__module__", None) == mod.__name__:
                 found[f"{info.name}.{name}"] = obj
     return found
 
