@@ -15,7 +15,7 @@ PY
 for v in ${VARIANTS:-before after}; do
     root=$PWD
     if [ "$v" = before ]; then
-        rm -rf /tmp/before && mkdir -p /tmp/before && cp -r bench /tmp/before/ && cp -r old/pdserve /tmp/before/
+        rm -rf /tmp/before && mkdir -p /tmp/before && cp -r $(ls -A | grep -v -x -E "pdserve|old|.git") /tmp/before/ && cp -r old/pdserve /tmp/before/
         root=/tmp/before
     fi
     mkdir -p "$OUT/$v"
