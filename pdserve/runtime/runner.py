@@ -18,7 +18,7 @@ from pdserve.model.spec import ModelSpec
 from pdserve.runtime.cuda_graph import DecodeGraphs
 from pdserve.runtime.kv_cache import allocate_kv_pool, kv_layout
 from pdserve.runtime.kv_quant import allocate_quant_pool, is_quantized, quant_kv_layout
-from pdserve.runtime.sampler import sample_on_device, to_device
+from pdserve.runtime.sampler import TRITON_NUCLEUS_MIN_ROWS, sample_on_device, to_device
 from pdserve.runtime.staging import HostStager, check_block_ids, flat_slot_mapping, fill_placeholders
 
 
@@ -97,8 +97,8 @@ class ModelRunner:
     def warm_up(self) -> None:
         """Run the kernels of eager steps once, so that Triton compiles them now rather than
         inside the first requests' steps (a compile takes ~0.1-1 s): a one-prompt prefill, a
-        two-prompt prefill (one behind a cached prefix, one top-p sampled), then a decode step.
-        Writes KV into the pool's first 9 blocks, so call it before serving; leaves no other
+        two-prompt prefill (one behind a cached prefix, one top-p sampled), a decode step, then
+        top-k/top-p sampling of a batch large enough for the nucleus kernel. Writes KV into the pool's first 9 blocks, so call it before serving; leaves no other
         trace (the runner's generator is restored). A pool or length too small: no-op."""
         bs = self.block_size
         if self.num_blocks < 9 or self.max_model_len < 4 * bs + 1:
@@ -113,9 +113,14 @@ class ModelRunner:
             (SeqSlice("w1", (1,), 4 * bs, (0, 3, 4, 5, 8), greedy),
              SeqSlice("w2", (1,), bs + 1, (6, 7), greedy)),
         ]
+        rows = TRITON_NUCLEUS_MIN_ROWS  # from this many top-k/top-p rows a kernel cuts the nucleus
+        top_k = SamplingParams(temperature=1.0, top_k=20, top_p=0.9, seed=0, max_tokens=1)
         state = self.generator.get_state()
         for seqs in steps:
             self.execute(StepInput(seqs))
+        with torch.inference_mode():
+            logits = torch.zeros((rows, self.spec.vocab_size), dtype=self.dtype, device=self.device)
+            sample_on_device(logits, [top_k] * rows, [0] * rows, None, self.generator).cpu()
         self.generator.set_state(state)
         self._prev_ids = []
 
