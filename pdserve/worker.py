@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,7 +93,9 @@ def build(args: argparse.Namespace) -> Built:
         kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"),
     )
     if device.type == "cuda":  # compile the eager path's kernels before the first request
+        t0 = time.perf_counter()
         runner.warm_up()
+        log.info("warm-up (eager kernels compiled or loaded) took %.1f s", time.perf_counter() - t0)
     cfg = SchedulerConfig(
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=max(args.max_num_batched_tokens, args.block_size),
