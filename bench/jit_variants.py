@@ -17,9 +17,7 @@ from __future__ import annotations
 import argparse
 import ast
 import datetime
-import importlib
 import json
-import pkgutil
 import random
 import statistics
 import time
@@ -28,26 +26,15 @@ from pathlib import Path
 import torch
 from triton.runtime.jit import JITFunction
 
-import pdserve.kernels
 from pdserve.bench.provenance import source_commit
 from pdserve.core.sampling import SamplingParams
 from pdserve.core.step_io import SeqSlice, StepInput
+from pdserve.kernels._common import launchable_kernels
 from pdserve.model.spec import ModelSpec
 from pdserve.runtime.runner import ModelRunner
 
 BS = 16
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16)
-
-
-def jit_functions() -> dict[str, JITFunction]:
-    """Every @triton.jit function of pdserve.kernels, by module.name."""
-    found: dict[str, JITFunction] = {}
-    for info in pkgutil.iter_modules(pdserve.kernels.__path__):
-        mod = importlib.import_module(f"pdserve.kernels.{info.name}")
-        for name, obj in vars(mod).items():
-            if isinstance(obj, JITFunction) and getattr(obj.fn, "__module__", None) == mod.__name__:
-                found[f"{info.name}.{name}"] = obj
-    return found
 
 
 def cache_keys(fn: JITFunction) -> list:
@@ -132,7 +119,7 @@ def main() -> None:
     num_blocks = 4096
     runner = ModelRunner(spec, None, device=args.device, dtype=torch.bfloat16, num_blocks=num_blocks,
                          block_size=BS, load_format="dummy", max_model_len=8192, max_num_seqs=64)
-    fns = jit_functions()
+    fns: dict[str, JITFunction] = launchable_kernels()  # type: ignore[assignment]
     base = compiled(fns)  # the decode graphs' captures compiled these
     result: dict = {"gpu": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "date": datetime.date.today().isoformat(),
                     "commit": source_commit(), "config": Path(args.config).name, "layers": args.layers,

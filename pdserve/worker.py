@@ -92,10 +92,7 @@ def build(args: argparse.Namespace) -> Built:
         enforce_eager=getattr(args, "enforce_eager", False),
         kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"),
     )
-    if device.type == "cuda":  # compile the eager path's kernels before the first request
-        t0 = time.perf_counter()
-        runner.warm_up()
-        log.info("warm-up (eager kernels compiled or loaded) took %.1f s", time.perf_counter() - t0)
+    _warm_up(runner, "model")
     cfg = SchedulerConfig(
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=max(args.max_num_batched_tokens, args.block_size),
@@ -114,14 +111,22 @@ def build(args: argparse.Namespace) -> Built:
                 max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                 enforce_eager=getattr(args, "enforce_eager", False),
             )
-            if device.type == "cuda":
-                draft.warm_up()
+            _warm_up(draft, "draft model")
             proposer = DraftModelProposer(draft, spec.vocab_size)
         planner = DraftPlanner(spec_cfg, args.max_model_len, proposer=proposer)
     sched = Scheduler(cfg, BlockManager(num_blocks, args.block_size, salt=salt), planner)
     name = args.served_model_name or model_dir.name
     log.info("model %s: %d KV blocks of %d tokens on %s/%s", name, num_blocks, args.block_size, device, dtype)
     return Built(spec, runner, sched, name)
+
+
+def _warm_up(runner: ModelRunner, what: str) -> None:
+    """On CUDA, compile the eager path's kernels before the first request (ModelRunner.warm_up)."""
+    if runner.device.type != "cuda":
+        return
+    t0 = time.perf_counter()
+    runner.warm_up()
+    log.info("%s warm-up (eager kernels compiled or loaded): %.1f s", what, time.perf_counter() - t0)
 
 
 def _draft_model(spec_cfg: SpeculativeConfig | None, target: ModelSpec, args: argparse.Namespace

@@ -7,7 +7,9 @@ reads garbage silently, so the checks fail loudly with the argument's name inste
 from __future__ import annotations
 
 import functools
+import importlib
 import os
+import pkgutil
 
 import torch
 import triton
@@ -19,6 +21,20 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 def interpreting() -> bool:
     """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1)."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def launchable_kernels() -> dict[str, object]:
+    """Every kernel of pdserve.kernels (the `_*_kernel` functions, not device helpers), by
+    "module.name": Triton JITFunctions, or InterpretedFunctions under the interpreter."""
+    package = importlib.import_module("pdserve.kernels")
+    found: dict[str, object] = {}
+    for info in pkgutil.iter_modules(package.__path__):
+        mod = importlib.import_module(f"pdserve.kernels.{info.name}")
+        for name, obj in vars(mod).items():
+            fn = getattr(obj, "fn", None)
+            if name.startswith("_") and name.endswith("_kernel") and getattr(fn, "__module__", None) == mod.__name__:
+                found[f"{info.name}.{name}"] = obj
+    return found
 
 
 def check_device(**tensors: torch.Tensor) -> torch.device:

@@ -10,16 +10,14 @@ ModelRunner on the Triton ops and records each launch's classes with Triton's ru
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 import random
 
 import torch
 
-import pdserve.kernels
 from pdserve.core.sampling import SamplingParams
 from pdserve.core.step_io import SeqSlice, StepInput
 from pdserve.kernels import triton_ops
+from pdserve.kernels._common import launchable_kernels
 from pdserve.model.spec import ModelSpec
 from pdserve.runtime.runner import ModelRunner
 
@@ -39,19 +37,9 @@ def spec_class(value: object) -> object:
     return ("int", value == 1, value % 16 == 0, -2**31 <= value < 2**31)
 
 
-def kernels() -> list:
-    """The launchable kernels (not device helpers) of pdserve.kernels."""
-    out = []
-    for info in pkgutil.iter_modules(pdserve.kernels.__path__):
-        mod = importlib.import_module(f"pdserve.kernels.{info.name}")
-        out += [obj for name, obj in vars(mod).items()
-                if name.startswith("_") and name.endswith("_kernel") and hasattr(obj, "add_pre_run_hook")]
-    return out
-
-
 def test_steps_of_any_shape_share_one_variant_per_kernel() -> None:
     seen: dict[str, set] = {}
-    found = kernels()
+    found = list(launchable_kernels().values())
     assert any(k.__name__ == "_prefill_kernel" for k in found), [k.__name__ for k in found]
     for k in found:
         skip = k.do_not_specialize if hasattr(k, "do_not_specialize") else k.kwargs.get("do_not_specialize")
