@@ -196,18 +196,22 @@ def loop_figures(runner: ModelRunner, spec: ModelSpec, wbytes: int, kv_tok: int,
 
 
 def sampled_loop_figures(runner: ModelRunner, spec: ModelSpec) -> dict:
-    """Engine-loop decode at 1k context with temperature 1 and top-p 0.9 (every row drawn),
-    overlap on and off, at batch 1 and 256; and overlapped with the one-kernel draw off
+    """Engine-loop decode at 1k context with every row drawn at temperature 1, at batch 1 and
+    256: with top-p 0.9 ("sampled", overlap on and off) and with temperature alone
+    ("temperature", overlap on); each also overlapped with the Triton draws off
     (sampler.KERNEL_SAMPLING: sorting or nucleus_threshold, then the exponential race)."""
     from pdserve.runtime import sampler
 
-    res = {f"decode_loop_sampled_{name}_tok_s_by_batch": {
-        str(b): loop_decode(runner, spec, b, 1024, overlap, temperature=1.0, top_p=0.9) for b in (1, 256)}
-        for name, overlap in (("overlap", True), ("plain", False))}
+    def by_batch(overlap: bool, top_p: float) -> dict:
+        return {str(b): loop_decode(runner, spec, b, 1024, overlap, temperature=1.0, top_p=top_p) for b in (1, 256)}
+
+    res = {"decode_loop_sampled_overlap_tok_s_by_batch": by_batch(True, 0.9),
+           "decode_loop_sampled_plain_tok_s_by_batch": by_batch(False, 0.9),
+           "decode_loop_temperature_overlap_tok_s_by_batch": by_batch(True, 1.0)}
     sampler.KERNEL_SAMPLING = False
     try:
-        res["decode_loop_sampled_overlap_no_kernel_tok_s_by_batch"] = {
-            str(b): loop_decode(runner, spec, b, 1024, True, temperature=1.0, top_p=0.9) for b in (1, 256)}
+        res["decode_loop_sampled_overlap_no_kernel_tok_s_by_batch"] = by_batch(True, 0.9)
+        res["decode_loop_temperature_overlap_no_kernel_tok_s_by_batch"] = by_batch(True, 1.0)
     finally:
         sampler.KERNEL_SAMPLING = True
     return res

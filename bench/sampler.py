@@ -2,13 +2,15 @@
 sort-free one (Triton nucleus_threshold) and the sorted one, at each batch size; the sampler
 takes the first from TRITON_NUCLEUS_MIN_ROWS rows. Top-p rows without top-k also time the
 one-kernel draw (kernels/sample.py, the sampler's default for them since 2026-12-05:
-`sample_top_p_kernel`); the other figures are taken with it off. (sampler-h100-2026-12-05-s15e.json
-also timed it for temperature alone, where it lost: the sampler keeps those rows on _draw.)
+`sample_top_p_kernel`), and temperature-only rows, seeded or not, the split-row draw
+(kernels/sample_temperature.py, their default since 2026-12-06: `sample_temperature_kernel`);
+the other figures are taken with the kernels off.
 
     python bench/sampler.py --out bench/results/sampler-<gpu>-<date>.json
 
 Logits [B, 128256] (Llama-3's vocab) in bf16 as the model gives them, B = 1 ... 256;
-temperature 1 and top-p 0.9 (the engine loop's sampled figures), and top-k 50 + top-p 0.9.
+temperature 1 and top-p 0.9 (the engine loop's sampled figures), top-k 50 + top-p 0.9, and
+temperature 1 alone (the OpenAI default), unseeded and seeded.
 Times sample_on_device whole (upcast, probabilities, the exponential race) and the threshold
 alone, with its sorted reference twin; the floor is one read of the fp32 logits at the copy
 bandwidth measured in the same run.
@@ -49,7 +51,8 @@ def main() -> None:
                  "vocab": VOCAB, "triton_min_rows": sampler.TRITON_NUCLEUS_MIN_ROWS, "ms": {}}
     settings = {"top_p": SamplingParams(temperature=1.0, top_p=0.9),
                 "top_k_top_p": SamplingParams(temperature=1.0, top_k=50, top_p=0.9),
-                "temperature": SamplingParams(temperature=1.0)}
+                "temperature": SamplingParams(temperature=1.0),
+                "temperature_seeded": SamplingParams(temperature=1.0, seed=7)}
     default_rows = sampler.TRITON_NUCLEUS_MIN_ROWS
     for b in (1, 8, 16, 32, 64, 128, 256):
         logits = (torch.randn(b, VOCAB, device="cuda") * 4).bfloat16()
@@ -62,9 +65,9 @@ def main() -> None:
                 sampler.TRITON_NUCLEUS_MIN_ROWS = min_rows
                 row[f"sample_{name}_{impl}"] = timed(lambda: sample_on_device(logits, params, pos), iters=20) * 1e3
             sampler.TRITON_NUCLEUS_MIN_ROWS, sampler.KERNEL_SAMPLING = default_rows, True
-            if sp.top_k < 1 and sp.top_p < 1:
+            if sp.top_k < 1:  # top-p: kernels/sample.py; temperature alone: sample_temperature.py
                 row[f"sample_{name}_kernel"] = timed(lambda: sample_on_device(logits, params, pos), iters=20) * 1e3
-            if name == "temperature":
+            if name.startswith("temperature"):
                 continue
             t, k, q = (to_device([v] * b, x.device, dt) for v, dt in
                        ((sp.temperature, torch.float32), (sp.top_k, torch.int64), (sp.top_p, torch.float32)))

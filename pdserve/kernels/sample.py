@@ -1,9 +1,10 @@
 """Temperature and top-p sampling of each row of logits in one kernel: no sort, no probability
 tensor (distribution twin: reference.top_p_probs; the sampler's sorted path draws from it).
 
-One program per row. Without top-p a draw is one pass: the Gumbel-max trick, argmax of
-x / T + G with G = -log(-log(U)) and U uniform from Philox keyed by the row's seed and the
-token's index, picks token j with probability softmax(x / T)_j. With top-p (rejection
+One program per row. Without top-p a draw is one pass: the Gumbel-max trick (_gumbel.py: Philox
+noise keyed by the row's seed and the token's index) picks token j with probability
+softmax(x / T)_j; sample_temperature.py draws the same token splitting the row over programs,
+which the sampler uses for such rows. With top-p (rejection
 sampling, as FlashInfer's sampling kernels do): a first pass finds the row's max and softmax
 sum, then a draw over the tokens above a pivot (at first none is excluded) and a pass summing
 the mass of the tokens strictly more likely than the drawn one; if that mass is under top_p the
@@ -25,6 +26,7 @@ import triton.language as tl
 
 from pdserve.kernels._common import FLOAT_DTYPES, check_device, check_dim, check_dtype, check_last_contiguous
 from pdserve.kernels._common import check_row_vector
+from pdserve.kernels._gumbel import LOG2E, first_argmax, gumbel_scores
 from pdserve.kernels._row_softmax import online_max_sum, row_total
 
 _BLOCK = 4096  # tokens per tile (the nucleus kernel's, measured there)
@@ -32,22 +34,22 @@ MAX_ROUNDS = 64
 
 
 @triton.jit
-def _draw(row, v, inv_t, pivot, seed, round_no, BLOCK: tl.constexpr):
-    """argmax over the tokens with logit > pivot of logit * inv_t + Gumbel noise (first index
-    of the maximum); -1 if no token is above the pivot."""
+def _draw(row, v, scale, pivot, seed, round_no, BLOCK: tl.constexpr):
+    """argmax over the tokens with logit > pivot of their Gumbel-max score (_gumbel; scale =
+    log2(e) / T; first index of the maximum); -1 if no token is above the pivot. Round 0 draws
+    the token sample_temperature draws for the same seed."""
     best = tl.full([BLOCK], float("-inf"), tl.float32)
     arg = tl.full([BLOCK], -1, tl.int32)
+    groups = (v + 3) // 4
     for start in range(0, v, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         x = tl.load(row + offs, mask=offs < v, other=float("-inf")).to(tl.float32)
-        u = tl.rand(seed, round_no * v + offs)  # [0, 1): u = 0 gives -inf, never drawn
-        score = tl.where(x > pivot, x * inv_t - tl.log(-tl.log(u)), float("-inf"))
+        score = gumbel_scores(x, scale, seed, round_no * groups + start // 4, BLOCK)
+        score = tl.where(x > pivot, score, float("-inf"))
         better = score > best
         best = tl.where(better, score, best)
         arg = tl.where(better, offs, arg)
-    top = tl.max(best, 0)
-    j = tl.min(tl.where((best == top) & (arg >= 0), arg, 2147483647), 0)
-    return tl.where(j == 2147483647, -1, j)
+    return first_argmax(best, arg)
 
 
 @triton.jit
@@ -69,15 +71,14 @@ def _sample_kernel(
     r = tl.program_id(0).to(tl.int64)
     row = x_ptr + r * stride_b
     temp = tl.load(temp_ptr + r)
-    inv_t = 1.0 / temp
+    scale = LOG2E / temp
     top_p = tl.load(p_ptr + r)
     seed = tl.load(seed_ptr + r)
     neg_inf = temp * 0.0 + float("-inf")  # an fp32 scalar tensor (loop-carried)
     if top_p >= 1.0:
-        token = _draw(row, v, inv_t, neg_inf, seed, 0, BLOCK)
+        token = _draw(row, v, scale, neg_inf, seed, 0, BLOCK)
         rounds = tl.program_id(0) * 0 + 1
     else:
-        scale = inv_t * 1.4426950408889634
         mx = tl.full([BLOCK], float("-inf"), tl.float32)
         z = tl.zeros([BLOCK], tl.float32)  # per lane: sum of exp2((x - mx) * scale)
         am = tl.zeros([BLOCK], tl.int32)  # per lane: first index of its max (0 if all -inf)
@@ -93,7 +94,7 @@ def _sample_kernel(
         token = tl.program_id(0) * 0 - 1
         rounds = tl.program_id(0) * 0
         while token < 0:
-            j = _draw(row, v, inv_t, pivot, seed, rounds, BLOCK)
+            j = _draw(row, v, scale, pivot, seed, rounds, BLOCK)
             xj = tl.load(row + tl.maximum(j, 0)).to(tl.float32)
             inside = (j >= 0) & (_mass_above(row, v, xj, m, scale, BLOCK) < target)
             rounds += 1
@@ -123,6 +124,7 @@ def sample_top_p(
     check_row_vector("seeds", seeds, b, (torch.int64,))
     assert v > 0, "logits must have at least one column"
     assert max_rounds >= 1, f"max_rounds {max_rounds} must be >= 1"
+    assert block >= 16 and block & (block - 1) == 0, f"block {block} must be a power of two >= 16"
     check_device(logits=logits, temperature=temperature, top_p=top_p, seeds=seeds)
     if rounds is not None:
         check_row_vector("rounds", rounds, b, (torch.int32,))
@@ -130,6 +132,6 @@ def sample_top_p(
     out = torch.empty(b, dtype=torch.int64, device=logits.device)
     if b:
         _sample_kernel[(b,)](logits, logits.stride(0), v, temperature, top_p, seeds, out,
-                             out if rounds is None else rounds, BLOCK=min(block, triton.next_power_of_2(v)),
+                             out if rounds is None else rounds, BLOCK=max(16, min(block, triton.next_power_of_2(v))),
                              MAX_R=max_rounds, RECORD=rounds is not None, num_warps=num_warps)
     return out

@@ -97,8 +97,8 @@ class ModelRunner:
     def warm_up(self) -> None:
         """Run the kernels of eager steps once, so that Triton compiles them now rather than
         inside the first requests' steps (a compile takes ~0.1-1 s): a one-prompt prefill, a
-        two-prompt prefill (one behind a cached prefix, one top-p sampled), a decode step, then
-        top-k/top-p sampling of a batch large enough for the nucleus kernel. Writes KV into the
+        two-prompt prefill (one behind a cached prefix, one top-p sampled), a decode step (one
+        row sampled at temperature alone, one greedy), then top-k/top-p sampling of a batch large enough for the nucleus kernel. Writes KV into the
         pool's first 9 blocks, so call it before serving; leaves no other trace (the runner's
         generator is restored). A pool or length too small: no-op."""
         bs = self.block_size
@@ -106,12 +106,13 @@ class ModelRunner:
             return
         greedy = SamplingParams(temperature=0.0, max_tokens=1)
         top_p = SamplingParams(temperature=1.0, top_p=0.9, seed=0, max_tokens=1)
+        temperature = SamplingParams(temperature=1.0, seed=0, max_tokens=1)
         ids = [i % self.spec.vocab_size for i in range(4 * bs)]
         steps = [
             (SeqSlice("w0", tuple(ids[: 2 * bs + 3]), 0, (0, 1, 2), greedy),),
             (SeqSlice("w1", tuple(ids[bs:]), bs, (0, 3, 4, 5), top_p),
              SeqSlice("w2", tuple(ids[: bs + 1]), 0, (6, 7), greedy)),
-            (SeqSlice("w1", (1,), 4 * bs, (0, 3, 4, 5, 8), greedy),
+            (SeqSlice("w1", (1,), 4 * bs, (0, 3, 4, 5, 8), temperature),
              SeqSlice("w2", (1,), bs + 1, (6, 7), greedy)),
         ]
         rows = TRITON_NUCLEUS_MIN_ROWS  # from this many top-k/top-p rows a kernel cuts the nucleus

@@ -1,8 +1,8 @@
 """Batched token sampling: greedy, temperature, top-k, top-p, suppressed ids, per-request seeds.
 
 A seeded request draws the token at position p from a generator seeded with
-`position_seed(seed, p)` alone (on CUDA, a top-p row without top-k draws in kernels/sample.py,
-whose Philox key is that seed), so a token does not depend on batch composition, on the request's
+`position_seed(seed, p)` alone (on CUDA, a row without top-k draws in kernels/sample.py or
+kernels/sample_temperature.py, whose Philox key is that seed), so a token does not depend on batch composition, on the request's
 earlier draws, or on which worker (prefill or decode) samples it.
 """
 
@@ -68,48 +68,68 @@ def sample_on_device(
     rows = [b for b, p in enumerate(params) if not p.greedy]
     if not rows:
         return argmax_rows(logits)
-    kernel = [_kernel_draws(params[b], logits.shape[1], dev) for b in rows]
-    groups = [(g, draw) for g, draw in (([b for b, k in zip(rows, kernel) if k], _kernel_draw),
-                                        ([b for b, k in zip(rows, kernel) if not k], _sorted_draw)) if g]
+    groups: dict[Draw, list[int]] = {}
+    for b in rows:
+        groups.setdefault(_kernel_draw(params[b], logits.shape[1], dev) or _sorted_draw, []).append(b)
     if len(groups) == 1 and len(rows) == len(params):  # all drawn one way: no gather, no scatter
-        return groups[0][1](logits, params, positions, generator)
+        return next(iter(groups))(logits, params, positions, generator)
     out = argmax_rows(logits)
-    for g, draw in groups:
+    for draw, g in groups.items():
         index = to_device(g, dev)
         out.index_copy_(0, index, draw(logits.index_select(0, index), [params[b] for b in g],
                                        [positions[b] for b in g], generator))
     return out
 
 
-# Top-p rows without top-k on CUDA draw in one Triton kernel (kernels/sample.py: no sort, no
-# probability tensor); every other drawn row through token_probs + _draw. On an H100
-# (bench/results/sampler-h100-2026-12-05-s15e.json, 128k vocab, top-p 0.9) one sampling call
-# took 0.25 / 0.35 / 1.94 ms at 1 / 32 / 256 rows against 0.44 / 1.04 / 2.28 for the best of the
-# sorted and threshold paths; with temperature alone the kernel (a Philox call per token) was
-# the slower, 0.20 / 0.29 / 1.71 against 0.13 / 0.17 / 0.77 ms, so those rows stay on _draw.
+Draw = Callable[[torch.Tensor, Sequence[SamplingParams], Sequence[int], "torch.Generator | None"], torch.Tensor]
+
+# Rows without top-k draw in one Triton pass on CUDA (no probability tensor, no sort): top-p
+# rows in kernels/sample.py, temperature-only rows (the OpenAI default) in
+# kernels/sample_temperature.py, which spreads each row over ~128 programs; every other drawn
+# row goes through token_probs + _draw. On an H100 (bench/results/sampler-h100-2026-12-05-s15e.json,
+# 128k vocab, top-p 0.9) one top-p sampling call took 0.25 / 0.35 / 1.94 ms at 1 / 32 / 256 rows
+# against 0.44 / 1.04 / 2.28 for the best of the sorted and threshold paths.
 KERNEL_SAMPLING = True
 
 
-def _kernel_draws(p: SamplingParams, vocab: int, device: torch.device) -> bool:
-    return KERNEL_SAMPLING and device.type == "cuda" and p.top_p < 1.0 and (p.top_k < 1 or p.top_k >= vocab)
+def _kernel_draw(p: SamplingParams, vocab: int, device: torch.device) -> Draw | None:
+    """The Triton draw for a row with these settings on this device, or None (a row's own
+    settings and the device decide, never the batch: seeded draws rest on it)."""
+    if not (KERNEL_SAMPLING and device.type == "cuda") or (0 < p.top_k < vocab):
+        return None
+    return _top_p_draw if p.top_p < 1.0 else _temperature_draw
 
 
-def _kernel_draw(logits: torch.Tensor, params: Sequence[SamplingParams], positions: Sequence[int],
-                 generator: torch.Generator | None) -> torch.Tensor:
-    """kernels.sample.sample_top_p over top-p rows without top-k; a seeded row's Philox key is
-    position_seed(seed, position), an unseeded row's comes from `generator`."""
-    dev = logits.device
-    temps = to_device([p.temperature for p in params], dev, torch.float32)
-    top_p = to_device([p.top_p for p in params], dev, torch.float32)
+def _kernel_seeds(params: Sequence[SamplingParams], positions: Sequence[int], generator: torch.Generator | None,
+                  dev: torch.device) -> torch.Tensor:
+    """Each row's Philox key: position_seed(seed, position) for a seeded row, else drawn from
+    `generator` (on the device: no sync)."""
     seeded = [r for r, p in enumerate(params) if p.seed is not None]
     keys = [position_seed(params[r].seed, positions[r]) for r in seeded]  # type: ignore[arg-type]
     if len(seeded) == len(params):
-        seeds = to_device(keys, dev)
-    else:
-        seeds = torch.randint(0, 2**62, (len(params),), generator=generator, device=dev)
-        if seeded:
-            seeds.index_copy_(0, to_device(seeded, dev), to_device(keys, dev))
-    return _triton_sample()(logits, temps, top_p, seeds)
+        return to_device(keys, dev)
+    seeds = torch.randint(0, 2**62, (len(params),), generator=generator, device=dev)
+    if seeded:
+        seeds.index_copy_(0, to_device(seeded, dev), to_device(keys, dev))
+    return seeds
+
+
+def _top_p_draw(logits: torch.Tensor, params: Sequence[SamplingParams], positions: Sequence[int],
+                generator: torch.Generator | None) -> torch.Tensor:
+    """kernels.sample.sample_top_p over top-p rows without top-k."""
+    dev = logits.device
+    temps = to_device([p.temperature for p in params], dev, torch.float32)
+    top_p = to_device([p.top_p for p in params], dev, torch.float32)
+    return _triton_sample()(logits, temps, top_p, _kernel_seeds(params, positions, generator, dev))
+
+
+def _temperature_draw(logits: torch.Tensor, params: Sequence[SamplingParams], positions: Sequence[int],
+                      generator: torch.Generator | None) -> torch.Tensor:
+    """kernels.sample_temperature over rows with temperature alone (the token sample_top_p
+    would draw for the same key)."""
+    dev = logits.device
+    temps = to_device([p.temperature for p in params], dev, torch.float32)
+    return _triton_sample_temperature()(logits, temps, _kernel_seeds(params, positions, generator, dev))
 
 
 def _sorted_draw(logits: torch.Tensor, params: Sequence[SamplingParams], positions: Sequence[int],
@@ -201,6 +221,14 @@ def _triton_sample() -> Callable[..., torch.Tensor]:
     from pdserve.kernels.sample import sample_top_p
 
     return sample_top_p
+
+
+@functools.lru_cache(maxsize=None)
+def _triton_sample_temperature() -> Callable[..., torch.Tensor]:
+    """pdserve.kernels.sample_temperature.sample_temperature, imported on first use (Triton)."""
+    from pdserve.kernels.sample_temperature import sample_temperature
+
+    return sample_temperature
 
 
 @functools.lru_cache(maxsize=None)

@@ -37,3 +37,22 @@ def make_block_tables(seq_lens: list[int], block_size: int, blocks: int, width: 
         table[b, :n] = torch.tensor(ids[:n], dtype=torch.int32)
         ids = ids[n:]
     return table.to(DEVICE)
+
+
+def chi_square(tokens: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
+    """Pearson's statistic over the tokens expected 5+ times (the rest pooled), and its degrees
+    of freedom."""
+    n = tokens.numel()
+    seen = torch.bincount(tokens.cpu(), minlength=probs.numel()).double()
+    want = probs.cpu() * n
+    big = want >= 5
+    obs = torch.cat([seen[big], seen[~big].sum()[None]])
+    exp = torch.cat([want[big], want[~big].sum()[None]])
+    keep = exp > 0
+    return float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum()), int(keep.sum()) - 1
+
+
+# 99.9th percentile of chi-square with df degrees of freedom, df 1..40 (Wilson-Hilferty)
+def chi2_999(df: int) -> float:
+    z = 3.0902
+    return df * (1 - 2 / (9 * df) + z * (2 / (9 * df)) ** 0.5) ** 3

@@ -7,7 +7,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from kernel_helpers import DEVICE  # noqa: E402
+from kernel_helpers import DEVICE, chi2_999, chi_square  # noqa: E402
 
 from pdserve.kernels import reference  # noqa: E402
 from pdserve.kernels.sample import sample_top_p  # noqa: E402
@@ -23,25 +23,6 @@ def _rows(n: int, temp: float, p: float) -> tuple[torch.Tensor, torch.Tensor]:
             torch.full((n,), p, dtype=torch.float32, device=DEVICE))
 
 
-def _chi_square(tokens: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
-    """Pearson's statistic over the tokens expected 5+ times (the rest pooled), and its degrees
-    of freedom."""
-    n = tokens.numel()
-    seen = torch.bincount(tokens.cpu(), minlength=probs.numel()).double()
-    want = probs.cpu() * n
-    big = want >= 5
-    obs = torch.cat([seen[big], seen[~big].sum()[None]])
-    exp = torch.cat([want[big], want[~big].sum()[None]])
-    keep = exp > 0
-    return float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum()), int(keep.sum()) - 1
-
-
-# 99.9th percentile of chi-square with df degrees of freedom, df 1..40 (Wilson-Hilferty)
-def _chi2_999(df: int) -> float:
-    z = 3.0902
-    return df * (1 - 2 / (9 * df) + z * (2 / (9 * df)) ** 0.5) ** 3
-
-
 @pytest.mark.parametrize(("temp", "p", "block"), CASES if ON_GPU else CASES[1:3])
 def test_draws_follow_the_reference_distribution(temp: float, p: float, block: int) -> None:
     """DRAWS rows of the same logits with seeds 0..DRAWS-1: the tokens' counts against
@@ -55,8 +36,8 @@ def test_draws_follow_the_reference_distribution(temp: float, p: float, block: i
     tokens = sample_top_p(logits.expand(DRAWS, V), temps, ps, seeds, block=block, rounds=rounds)
     probs = reference.top_p_probs(logits[None], temps[:1], ps[:1])[0]
     assert (probs[tokens.cpu()] > 0).all(), "a token outside the nucleus was drawn"
-    stat, df = _chi_square(tokens, probs)
-    assert stat < _chi2_999(df), (stat, df)
+    stat, df = chi_square(tokens, probs)
+    assert stat < chi2_999(df), (stat, df)
     assert rounds.min() >= 1 and rounds.float().mean() <= 1 / p + 0.5, rounds.float().mean()
 
 
@@ -125,22 +106,26 @@ def test_bad_inputs_name_the_field() -> None:
         sample_top_p(logits[:, ::2], temps, ps, seeds)
 
 
-def test_sampler_routes_top_p_rows_to_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
-    """runtime.sampler with the kernel allowed on this device: in a batch of greedy, top-k,
-    temperature and seeded top-p rows, each top-p row gets the kernel's token for its own seed
-    (the same as alone), greedy rows their argmax, the top-k row a token of its top k."""
+def test_sampler_routes_rows_without_top_k_to_the_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """runtime.sampler with the kernels allowed on this device: in a batch of greedy, top-k,
+    seeded top-p and temperature-only rows, each top-p row gets sample_top_p's token for its own
+    seed and each temperature row sample_temperature's (the same as alone), greedy rows their
+    argmax, the top-k row a token of its top k."""
     from pdserve.core.sampling import SamplingParams
+    from pdserve.kernels.sample_temperature import sample_temperature
     from pdserve.runtime import sampler
 
-    monkeypatch.setattr(sampler, "_kernel_draws", lambda p, vocab, device: p.top_p < 1.0 and p.top_k < 1)
-    logits = torch.randn(5, 60, device=DEVICE) * 2
+    monkeypatch.setattr(sampler, "_kernel_draw", lambda p, vocab, device: None if p.top_k >= 1 else (
+        sampler._top_p_draw if p.top_p < 1.0 else sampler._temperature_draw))
+    logits = torch.randn(6, 60, device=DEVICE) * 2
     params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, top_p=0.7, seed=3),
               SamplingParams(temperature=1.0, top_k=3), SamplingParams(temperature=1.0, top_p=0.9, seed=9),
-              SamplingParams(temperature=1.0)]
-    got = sampler.sample_tokens(logits, params, [4, 5, 6, 7, 8])
-    for r in (1, 3):
+              SamplingParams(temperature=1.0), SamplingParams(temperature=0.6, seed=5)]
+    got = sampler.sample_tokens(logits, params, [4, 5, 6, 7, 8, 9])
+    for r in (1, 3, 5):
         key = torch.tensor([sampler.position_seed(params[r].seed, r + 4)], device=DEVICE)
-        want = sample_top_p(logits[r:r + 1], *_rows(1, params[r].temperature, params[r].top_p), key)
+        temp, p = _rows(1, params[r].temperature, params[r].top_p)
+        want = sample_top_p(logits[r:r + 1], temp, p, key) if r < 5 else sample_temperature(logits[r:r + 1], temp, key)
         assert got[r] == want.item()
         assert sampler.sample_tokens(logits[r:r + 1], [params[r]], [r + 4]) == [got[r]]
     assert got[0] == logits[0].argmax().item()

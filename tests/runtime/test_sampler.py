@@ -135,15 +135,19 @@ def test_mixed_batch_keeps_greedy_rows_and_masks_suppressed_ids() -> None:
     assert all(t in x[b].topk(2).indices.tolist() for b, t in enumerate(drawn))
 
 
-def test_kernel_draws_top_p_rows_without_top_k_on_cuda_only() -> None:
-    """Which rows kernels/sample.py draws: a row's own settings and the device decide, never the
-    batch (the seeded-composition guarantee rests on it)."""
+def test_kernel_draws_rows_without_top_k_on_cuda_only() -> None:
+    """Which rows a Triton kernel draws, and which: a row's own settings and the device decide,
+    never the batch (the seeded-composition guarantee rests on it)."""
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    assert sampler._kernel_draws(SamplingParams(temperature=1.0, top_p=0.9), 1000, cuda)
-    assert sampler._kernel_draws(SamplingParams(temperature=0.5, top_p=0.9, top_k=1000), 1000, cuda)  # k >= V: off
-    assert not sampler._kernel_draws(SamplingParams(temperature=1.0), 1000, cuda)
-    assert not sampler._kernel_draws(SamplingParams(temperature=1.0, top_p=0.9, top_k=50), 1000, cuda)
-    assert not sampler._kernel_draws(SamplingParams(temperature=1.0, top_p=0.9), 1000, cpu)
+    draw = sampler._kernel_draw
+    assert draw(SamplingParams(temperature=1.0, top_p=0.9), 1000, cuda) is sampler._top_p_draw
+    assert draw(SamplingParams(temperature=0.5, top_p=0.9, top_k=1000), 1000, cuda) is sampler._top_p_draw  # k >= V
+    assert draw(SamplingParams(temperature=1.0), 1000, cuda) is sampler._temperature_draw
+    assert draw(SamplingParams(temperature=0.7, seed=3, top_k=-1), 1000, cuda) is sampler._temperature_draw
+    assert draw(SamplingParams(temperature=1.0, top_p=0.9, top_k=50), 1000, cuda) is None
+    assert draw(SamplingParams(temperature=1.0, top_k=50), 1000, cuda) is None
+    assert draw(SamplingParams(temperature=1.0, top_p=0.9), 1000, cpu) is None
+    assert draw(SamplingParams(temperature=1.0), 1000, cpu) is None
 
 
 def _gpu_sync_errors(fn):
@@ -199,11 +203,13 @@ def test_cuda_token_probs_match_the_cpu_path(rows: int, monkeypatch: pytest.Monk
 
 
 @pytest.mark.gpu
-def test_cuda_kernel_draws_ignore_batch_composition() -> None:
-    """On CUDA a seeded temperature/top-p row draws in kernels/sample.py: its token is the same
-    alone, beside greedy, top-k and unseeded rows, and whatever the runner's generator holds."""
+@pytest.mark.parametrize("top_p", [0.8, 1.0])
+def test_cuda_kernel_draws_ignore_batch_composition(top_p: float) -> None:
+    """On CUDA a seeded temperature/top-p row draws in kernels/sample.py (top_p 1: in
+    kernels/sample_temperature.py): its token is the same alone, beside greedy, top-k and
+    unseeded rows, and whatever the runner's generator holds."""
     row = _logits(1, seed=1).cuda()
-    p = SamplingParams(temperature=0.9, top_p=0.8, seed=42)
+    p = SamplingParams(temperature=0.9, top_p=top_p, seed=42)
     alone = [sample_tokens(row, [p], [pos])[0] for pos in range(30)]
     others = _logits(3, seed=2).cuda()
     mixed = []
