@@ -12,10 +12,13 @@ t) alone, so a draw does not depend on how a kernel tiles or splits the row.
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
-LOG2E = 1.4426950408889634
+from pdserve.kernels._common import FLOAT_DTYPES, check_dim, check_dtype, check_last_contiguous, check_row_vector
+
+LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
@@ -41,3 +44,16 @@ def first_argmax(best, arg):
     top = tl.max(best, 0)
     j = tl.min(tl.where((best == top) & (arg >= 0), arg, 2147483647), 0)
     return tl.where(j == 2147483647, -1, j)
+
+
+def check_draw(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor, block: int) -> tuple[int, int]:
+    """The checks both sampling wrappers share; returns logits' (rows, vocab)."""
+    check_dim("logits", logits, 2)
+    check_dtype("logits", logits, FLOAT_DTYPES)
+    check_last_contiguous("logits", logits)
+    b, v = logits.shape
+    check_row_vector("temperature", temperature, b, (torch.float32,))
+    check_row_vector("seeds", seeds, b, (torch.int64,))
+    assert v > 0, "logits must have at least one column"
+    assert block >= 16 and block & (block - 1) == 0, f"block {block} must be a power of two >= 16"
+    return b, v

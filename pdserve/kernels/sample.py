@@ -24,9 +24,9 @@ import torch
 import triton
 import triton.language as tl
 
-from pdserve.kernels._common import FLOAT_DTYPES, check_device, check_dim, check_dtype, check_last_contiguous
+from pdserve.kernels._common import check_device
 from pdserve.kernels._common import check_row_vector
-from pdserve.kernels._gumbel import LOG2E, first_argmax, gumbel_scores
+from pdserve.kernels._gumbel import LOG2E, check_draw, first_argmax, gumbel_scores
 from pdserve.kernels._row_softmax import online_max_sum, row_total
 
 _BLOCK = 4096  # tokens per tile (the nucleus kernel's, measured there)
@@ -115,16 +115,9 @@ def sample_top_p(
     float32 [B] (> 0), seeds int64 [B]: the Philox key of the row's draws (equal seeds and
     logits give equal tokens). -inf logits are never drawn. rounds (int32 [B], optional) gets
     the rejection rounds each row took. block (tokens per tile) and num_warps are tuning knobs."""
-    check_dim("logits", logits, 2)
-    check_dtype("logits", logits, FLOAT_DTYPES)
-    check_last_contiguous("logits", logits)
-    b, v = logits.shape
-    check_row_vector("temperature", temperature, b, (torch.float32,))
+    b, v = check_draw(logits, temperature, seeds, block)
     check_row_vector("top_p", top_p, b, (torch.float32,))
-    check_row_vector("seeds", seeds, b, (torch.int64,))
-    assert v > 0, "logits must have at least one column"
     assert max_rounds >= 1, f"max_rounds {max_rounds} must be >= 1"
-    assert block >= 16 and block & (block - 1) == 0, f"block {block} must be a power of two >= 16"
     check_device(logits=logits, temperature=temperature, top_p=top_p, seeds=seeds)
     if rounds is not None:
         check_row_vector("rounds", rounds, b, (torch.int32,))

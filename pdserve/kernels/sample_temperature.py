@@ -14,9 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from pdserve.kernels._common import FLOAT_DTYPES, check_device, check_dim, check_dtype, check_last_contiguous
-from pdserve.kernels._common import check_row_vector
-from pdserve.kernels._gumbel import LOG2E, first_argmax, gumbel_scores
+from pdserve.kernels._common import check_device
+from pdserve.kernels._gumbel import LOG2E, check_draw, first_argmax, gumbel_scores
 
 _BLOCK = 1024  # tokens per tile
 MAX_CHUNKS = 128  # chunks per row at most: one tile of the pick kernel
@@ -71,14 +70,7 @@ def sample_temperature(
     with top_p 1). -inf logits are never drawn; a row of -inf only gives token 0.
     block (tokens per tile, a power of two >= 16), chunk (tokens per program, a multiple of
     block; default chunk_size) and num_warps are tuning knobs: they never change the token."""
-    check_dim("logits", logits, 2)
-    check_dtype("logits", logits, FLOAT_DTYPES)
-    check_last_contiguous("logits", logits)
-    b, v = logits.shape
-    check_row_vector("temperature", temperature, b, (torch.float32,))
-    check_row_vector("seeds", seeds, b, (torch.int64,))
-    assert v > 0, "logits must have at least one column"
-    assert block >= 16 and block & (block - 1) == 0, f"block {block} must be a power of two >= 16"
+    b, v = check_draw(logits, temperature, seeds, block)
     chunk = chunk_size(v, block) if chunk is None else chunk
     assert chunk > 0 and chunk % block == 0, f"chunk {chunk} must be a positive multiple of block {block}"
     chunks = triton.cdiv(v, chunk)
