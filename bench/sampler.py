@@ -45,7 +45,12 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
     p.add_argument("--knobs", action="store_true", help="also sweep nucleus_threshold's tuning knobs")
+    p.add_argument("--temperature-knobs", action="store_true",
+                   help="only sweep sample_temperature's knobs (the kernels alone, 1-256 rows)")
     a = p.parse_args()
+    if a.temperature_knobs:
+        Path(a.out).write_text(json.dumps(temperature_knobs(), indent=1))
+        return
     gbps = copy_bandwidth()
     res: dict = {"gpu": torch.cuda.get_device_name(), "commit": source_commit(), "copy_GBps": gbps,
                  "vocab": VOCAB, "triton_min_rows": sampler.TRITON_NUCLEUS_MIN_ROWS, "ms": {}}
@@ -84,6 +89,33 @@ def main() -> None:
                 best = sorted((v, key) for key, v in row.items() if key.startswith(f"threshold_{name}_triton_nc"))
                 print("   fastest", name, " ".join(f"{key.split('triton_')[1]} {v:.3f}" for v, key in best[:4]))
     Path(a.out).write_text(json.dumps(res, indent=1))
+
+
+def temperature_knobs() -> dict:
+    """sample_temperature alone (seeds and temperatures already on the device), ms per call of
+    10 queued back to back (so mostly device time), by rows and (tokens per program, tokens per
+    tile, warps)."""
+    from pdserve.kernels.sample_temperature import sample_temperature
+
+    res: dict = {"gpu": torch.cuda.get_device_name(), "commit": source_commit(), "vocab": VOCAB, "ms": {}}
+    for b in (1, 8, 64, 256):
+        logits = (torch.randn(b, VOCAB, device="cuda") * 4).bfloat16()
+        temps = torch.ones(b, device="cuda")
+        seeds = torch.arange(b, dtype=torch.int64, device="cuda")
+        row = {}
+        for block in (512, 1024, 2048):
+            for chunk in (1024, 2048, 4096, 8192, 16384, 32768):
+                for warps in (4, 8):
+                    if chunk < block or -(-VOCAB // chunk) > 128:
+                        continue
+                    fn = lambda: [sample_temperature(logits, temps, seeds, block=block, chunk=chunk,  # noqa: E731
+                                                     num_warps=warps) for _ in range(10)]
+                    row[f"c{chunk}_b{block}_w{warps}"] = timed(fn, iters=10) * 1e2  # 10 calls queued back to back
+        res["ms"][str(b)] = row
+        best = sorted((v, k) for k, v in row.items())[:5]
+        print(b, "default", f"{timed(lambda: sample_temperature(logits, temps, seeds), iters=20) * 1e3:.3f}",
+              "fastest", " ".join(f"{k} {v:.3f}" for v, k in best), flush=True)
+    return res
 
 
 if __name__ == "__main__":
