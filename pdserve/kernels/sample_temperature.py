@@ -4,7 +4,7 @@ tensor, no sort): the OpenAI API's default (temperature 1, no top-p, no top-k).
 Each program takes one chunk of one row and keeps the best Gumbel-max score of its tokens
 (_gumbel.py) and its index; a second kernel picks each row's best chunk. The draw is the one
 kernels/sample.py's one-program-per-row kernel makes for the same seed (a token's noise depends
-on the seed and the token's index only), but a 128k-token row is spread over ~128 programs, so
+on the seed and the token's index only), but a 128k-token row is spread over 16 programs, so
 one row does not wait on one SM and 256 rows fill the GPU many times over.
 """
 
@@ -18,6 +18,11 @@ from pdserve.kernels._common import check_device
 from pdserve.kernels._gumbel import LOG2E, check_draw, first_argmax, gumbel_scores
 
 _BLOCK = 1024  # tokens per tile
+# Tokens per program: 8192 (16 programs per 128k-token row) took 0.12 ms at 256 rows on an H100
+# against 0.19 with 1024 and within 1-3 % with 4096-32768, and at 1-64 rows every choice took the
+# same ~0.05 ms (two launches; bench/sampler.py --temperature-knobs,
+# bench/results/sampler-knobs-h100-2026-12-06-s20d.json).
+_CHUNK = 8192
 MAX_CHUNKS = 128  # chunks per row at most: one tile of the pick kernel
 
 
@@ -55,9 +60,10 @@ def _pick_kernel(best_ptr, arg_ptr, out_ptr, chunks, C_PAD: tl.constexpr):
 
 
 def chunk_size(vocab: int, block: int = _BLOCK) -> int:
-    """Tokens per program: whole tiles, as few as leave at most MAX_CHUNKS chunks per row."""
+    """Tokens per program: whole tiles, _CHUNK or more, as many as leave at most MAX_CHUNKS
+    chunks per row."""
     tiles = triton.cdiv(vocab, block)
-    return block * triton.cdiv(tiles, MAX_CHUNKS)
+    return block * max(triton.cdiv(_CHUNK, block), triton.cdiv(tiles, MAX_CHUNKS))
 
 
 def sample_temperature(

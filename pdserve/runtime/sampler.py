@@ -85,10 +85,12 @@ Draw = Callable[[torch.Tensor, Sequence[SamplingParams], Sequence[int], "torch.G
 
 # Rows without top-k draw in one Triton pass on CUDA (no probability tensor, no sort): top-p
 # rows in kernels/sample.py, temperature-only rows (the OpenAI default) in
-# kernels/sample_temperature.py, which spreads each row over ~128 programs; every other drawn
-# row goes through token_probs + _draw. On an H100 (bench/results/sampler-h100-2026-12-05-s15e.json,
-# 128k vocab, top-p 0.9) one top-p sampling call took 0.25 / 0.35 / 1.94 ms at 1 / 32 / 256 rows
-# against 0.44 / 1.04 / 2.28 for the best of the sorted and threshold paths.
+# kernels/sample_temperature.py, which spreads each row over programs; every other drawn row
+# goes through token_probs + _draw. One sampling call of 128k-token rows on an H100, 1 / 32 /
+# 256 rows: top-p 0.9 0.17 / 0.25 / 0.56 ms against 0.38 / 0.96 / 2.19 for the best of the
+# sorted and threshold paths; temperature alone 0.15 / 0.13 / 0.41 against 0.12 / 0.17 / 0.75,
+# seeded 0.16 / 0.16 / 0.65 against 0.15 / 0.48 / 3.08 (bench/results/sampler-h100-2026-12-06-s20c.json,
+# with 1024 tokens per program; 8192 since, 0.19 -> 0.12 ms for the kernels at 256 rows).
 KERNEL_SAMPLING = True
 
 

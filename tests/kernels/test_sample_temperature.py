@@ -81,11 +81,13 @@ def test_masked_tokens_bf16_and_all_masked_rows() -> None:
 
 
 def test_chunk_size_keeps_chunks_bounded() -> None:
-    """Whole tiles per chunk, at most MAX_CHUNKS chunks, and as few tiles as allows."""
-    for v in (1, 37, 1024, 1025, 32000, 128256, 152064, 10**6):
-        c = chunk_size(v, 1024)
-        assert c % 1024 == 0 and -(-v // c) <= MAX_CHUNKS
-        assert c == 1024 or -(-v // (c - 1024)) > MAX_CHUNKS
+    """Whole tiles per chunk, at least 8192 tokens, at most MAX_CHUNKS chunks, and no more
+    tiles than either needs."""
+    for block in (512, 1024, 16384):
+        for v in (1, 37, 1024, 1025, 32000, 128256, 152064, 10**6, 10**7):
+            c = chunk_size(v, block)
+            assert c % block == 0 and c >= 8192 and -(-v // c) <= MAX_CHUNKS, (v, block, c)
+            assert c - block < 8192 or -(-v // (c - block)) > MAX_CHUNKS, (v, block, c)
 
 
 def test_bad_inputs_name_the_field() -> None:
