@@ -24,6 +24,8 @@ from pdserve.kernels.rms_norm import _rms_norm_kernel  # noqa: E402
 from pdserve.kernels.copy_blocks import _copy_blocks_kernel  # noqa: E402
 from pdserve.kernels.rotary import _rotary_kernel  # noqa: E402
 from pdserve.kernels.rotary_write_kv import _rotary_write_kv_kernel  # noqa: E402
+from pdserve.kernels.sample import _sample_kernel  # noqa: E402
+from pdserve.kernels.sample_temperature import _chunk_kernel, _pick_kernel  # noqa: E402
 from pdserve.kernels.silu_and_mul import _silu_and_mul_kernel  # noqa: E402
 from pdserve.kernels.write_kv import _write_kv_kernel  # noqa: E402
 
@@ -104,6 +106,13 @@ def elementwise(dt: str) -> None:
                                                  "GLU": glu})
     compile_kernel(_nucleus_kernel, {"x_ptr": f"*{dt}", "temp_ptr": "*fp32", "k_ptr": "*i64", "p_ptr": "*fp32",
                                      "out_ptr": "*fp32"}, {"BLOCK": 1024, "NC": 16}, num_warps=8)
+    draw_ptrs = {"x_ptr": f"*{dt}", "temp_ptr": "*fp32", "seed_ptr": "*i64"}
+    for record in (False, True):
+        compile_kernel(_sample_kernel, {**draw_ptrs, "p_ptr": "*fp32", "out_ptr": "*i64", "rounds_ptr": "*i32"},
+                       {"BLOCK": 4096, "MAX_R": 64, "RECORD": record}, num_warps=16)
+    compile_kernel(_chunk_kernel, {**draw_ptrs, "best_ptr": "*fp32", "arg_ptr": "*i32"}, {"BLOCK": 1024})
+    compile_kernel(_pick_kernel, {"best_ptr": "*fp32", "arg_ptr": "*i32", "out_ptr": "*i64"}, {"C_PAD": 128},
+                   num_warps=1)
     compile_kernel(_copy_blocks_kernel, {p: "*i32" for p in ("src_ptr", "dst_ptr", "src_ids_ptr", "dst_ids_ptr")},
                    {"BLOCK": 2048})
     for cache_dt, qmax, is_int in ((dt, 1.0, False), ("fp8e4nv", 448.0, False), ("i8", 127.0, True)):
