@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Session 20's second H200 call: after the compile fix (s19), disaggregated (cuda_ipc) beside
-# colocated on one shared GPU at rates 8, 16, 32, 64 (64 prompts each, spans on).
+# Session 20: after the compile fix (s19), disaggregated (cuda_ipc) beside colocated on one
+# shared GPU at rates 32 and 64 (64 prompts each, spans on); the workers' warm-up now also
+# compiles the temperature-sampling kernels. Results under $OUT.
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
-timeout 500 python3 bench/serve_matrix.py --commit "$(cat .commit)" --out-dir "$OUT" --budget-s 420 \
-    --modes disaggregated,colocated --kv-transfer cuda_ipc --rates 8,16,32,64 --num-prompts 64 --num-warmups 4 \
+timeout 400 python3 bench/serve_matrix.py --commit "$(cat .commit)" --out-dir "$OUT" --budget-s 330 \
+    --modes disaggregated,colocated --kv-transfer cuda_ipc --rates 32,64 --num-prompts 64 --num-warmups 4 \
     --trace > "$OUT/serve.log" 2>&1; echo "rc $?"
-grep "rate " "$OUT/serve.log" | tail -10
+grep -i "rate \|warm" "$OUT/serve.log" | tail -12
 python3 - "$OUT"/serve-*.json <<'PY'
 import json, sys
 for mode, m in json.load(open(sys.argv[1]))["modes"].items():
