@@ -245,8 +245,11 @@ def _draw(
     probs: torch.Tensor, seeds: Sequence[int | None], positions: Sequence[int],
     generator: torch.Generator | None,
 ) -> torch.Tensor:
-    """Exponential race (argmax p / E, E ~ Exp(1)) == a categorical draw, without a sync."""
-    noise = torch.empty_like(probs).exponential_(generator=generator)
+    """Exponential race (argmax p / E, E ~ Exp(1)) == a categorical draw, without a sync. The
+    runner's generator is drawn from only when some row is unseeded."""
+    noise = torch.empty_like(probs)
+    if any(seed is None for seed in seeds):
+        noise.exponential_(generator=generator)
     for r, (seed, pos) in enumerate(zip(seeds, positions)):
         if seed is not None:
             g = torch.Generator(device=probs.device).manual_seed(position_seed(seed, pos))

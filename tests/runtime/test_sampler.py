@@ -42,6 +42,19 @@ def test_seeded_draw_ignores_batch_composition() -> None:
     assert other_seed != alone
 
 
+def test_seeded_rows_leave_the_runners_generator_alone() -> None:
+    """A batch of seeded rows draws nothing from the runner's generator (its unseeded requests'
+    stream does not depend on seeded neighbours); an unseeded row does draw from it."""
+    x = _logits(3, seed=4)
+    gen = torch.Generator().manual_seed(5)
+    state = gen.get_state()
+    seeded = [SamplingParams(temperature=1.0, seed=s) for s in (1, 2)] + [SamplingParams(temperature=0.5, top_k=9, seed=3)]
+    sample_tokens(x, seeded, [0, 1, 2], generator=gen)
+    assert torch.equal(gen.get_state(), state)
+    sample_tokens(x, seeded[:2] + [SamplingParams(temperature=1.0)], [0, 1, 2], generator=gen)
+    assert not torch.equal(gen.get_state(), state)
+
+
 def test_position_seed_depends_on_both() -> None:
     seeds = {position_seed(s, p) for s in range(20) for p in range(20)}
     assert len(seeds) == 400 and all(0 <= s < 2**63 for s in seeds)
