@@ -60,8 +60,8 @@ def _pick_kernel(best_ptr, arg_ptr, out_ptr, chunks, C_PAD: tl.constexpr):
 
 
 def chunk_size(vocab: int, block: int = _BLOCK) -> int:
-    """Tokens per program: whole tiles, _CHUNK or more, as many as leave at most MAX_CHUNKS
-    chunks per row."""
+    """Tokens per program: whole tiles, at least _CHUNK tokens, and enough that a row has at
+    most MAX_CHUNKS chunks."""
     tiles = triton.cdiv(vocab, block)
     return block * max(triton.cdiv(_CHUNK, block), triton.cdiv(tiles, MAX_CHUNKS))
 

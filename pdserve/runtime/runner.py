@@ -98,9 +98,10 @@ class ModelRunner:
         """Run the kernels of eager steps once, so that Triton compiles them now rather than
         inside the first requests' steps (a compile takes ~0.1-1 s): a one-prompt prefill, a
         two-prompt prefill (one behind a cached prefix, one top-p sampled), a decode step (one
-        row sampled at temperature alone, one greedy), then top-k/top-p sampling of a batch large enough for the nucleus kernel. Writes KV into the
-        pool's first 9 blocks, so call it before serving; leaves no other trace (the runner's
-        generator is restored). A pool or length too small: no-op."""
+        row sampled at temperature alone, one greedy), then top-k/top-p sampling of a batch
+        large enough for the nucleus kernel. Writes KV into the pool's first 9 blocks, so call
+        it before serving; leaves no other trace (the runner's generator is restored). A pool
+        or length too small: no-op."""
         bs = self.block_size
         if self.num_blocks < 9 or self.max_model_len < 4 * bs + 1:
             return
