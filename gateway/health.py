@@ -23,6 +23,7 @@ class Monitor:
         self.period_s = period_s
         self.timeout_s = timeout_s
         self._task: asyncio.Task | None = None
+        self._seen: set[str] = set()  # workers that passed a check once: later passes are "back"
         router.recheck = self.check_all
         for w in router.workers:  # unknown until a check passes: a request before it rechecks
             w.healthy = False
@@ -56,6 +57,9 @@ class Monitor:
                 worker.stats = await worker.stub.GetStats(worker_pb2.StatsRequest(), timeout=self.timeout_s)
         except grpc.aio.AioRpcError:
             ok = False
-        if ok != worker.healthy:
+        if ok and worker.address not in self._seen:
+            self._seen.add(worker.address)
+            log.info("worker %s is ready", worker.address)
+        elif ok != worker.healthy:
             log.warning("worker %s is %s", worker.address, "back" if ok else "out (health check failed)")
         worker.healthy = ok
