@@ -95,7 +95,7 @@ def temperature_knobs() -> dict:
     """sample_temperature alone (seeds and temperatures already on the device), ms per call of
     10 queued back to back (so mostly device time), by rows and (tokens per program, tokens per
     tile, warps)."""
-    from pdserve.kernels.sample_temperature import sample_temperature
+    from pdserve.kernels.sample_temperature import MAX_CHUNKS, sample_temperature
 
     res: dict = {"gpu": torch.cuda.get_device_name(), "commit": source_commit(), "vocab": VOCAB, "ms": {}}
     for b in (1, 8, 64, 256):
@@ -106,7 +106,7 @@ def temperature_knobs() -> dict:
         for block in (512, 1024, 2048):
             for chunk in (1024, 2048, 4096, 8192, 16384, 32768):
                 for warps in (4, 8):
-                    if chunk < block or -(-VOCAB // chunk) > 128:
+                    if chunk < block or -(-VOCAB // chunk) > MAX_CHUNKS:
                         continue
                     fn = lambda: [sample_temperature(logits, temps, seeds, block=block, chunk=chunk,  # noqa: E731
                                                      num_warps=warps) for _ in range(10)]

@@ -23,7 +23,6 @@ class Monitor:
         self.period_s = period_s
         self.timeout_s = timeout_s
         self._task: asyncio.Task | None = None
-        self._seen: set[str] = set()  # workers that passed a check once: later passes are "back"
         router.recheck = self.check_all
         for w in router.workers:  # unknown until a check passes: a request before it rechecks
             w.healthy = False
@@ -47,6 +46,7 @@ class Monitor:
             await asyncio.sleep(self.period_s)
 
     async def _check(self, worker: Worker) -> None:
+        first = worker.stats is None  # no check has passed yet (a passing one sets the stats)
         try:
             # wait_for_ready: a channel still in reconnect backoff (a worker that came up after the
             # gateway's first check) connects within the timeout instead of failing at once
@@ -57,8 +57,7 @@ class Monitor:
                 worker.stats = await worker.stub.GetStats(worker_pb2.StatsRequest(), timeout=self.timeout_s)
         except grpc.aio.AioRpcError:
             ok = False
-        if ok and worker.address not in self._seen:
-            self._seen.add(worker.address)
+        if ok and first:
             log.info("worker %s is ready", worker.address)
         elif ok != worker.healthy:
             log.warning("worker %s is %s", worker.address, "back" if ok else "out (health check failed)")
