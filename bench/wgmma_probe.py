@@ -1,0 +1,227 @@
+"""Probe (diagnostic, not served): fp8 paged decode attention with the KV tile as the dots' M
+dimension, so Hopper's warpgroup MMA (wgmma, M = 64 per warpgroup) can take the K tile as fp8
+straight from shared memory: S^T [N, G] = K [N, D] @ Q^T [D, G], the query rounded to fp8 in
+two parts (hi + lo, about 7 mantissa bits together) so no K element is ever converted. V goes
+through O^T [D, G] += V^T [D, N] @ P^T [N, G] with V upcast to fp16 (wgmma reads 16-bit
+operands transposed from shared memory).
+
+    PYTHONPATH=DIR_WITH_TRITON_3.6:. python bench/wgmma_probe.py --sass     # offline sm_90 SASS
+    python bench/wgmma_probe.py                                              # GPU: check + time
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+FP8_MAX = tl.constexpr(448.0)
+
+
+@triton.jit
+def round_e4m3(x):
+    """x (|x| <= 448) rounded to the nearest fp8 e4m3 value, in fp32: the interpreter's own
+    fp32 -> fp8 convert is wrong (bench only)."""
+    a = tl.abs(x)
+    step = tl.exp2(tl.maximum(tl.floor(tl.log2(tl.maximum(a, 1e-30))), -6.0) - 3.0)
+    r = tl.floor(a / step + 0.5) * step
+    return tl.where(x < 0, -r, r)
+
+
+@triton.jit
+def _wg_kernel(
+    q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_ptr, lens_ptr, out_ptr,
+    stride_qb, stride_qh, stride_cn, stride_ch, stride_cs, stride_sn, stride_sh, stride_ss, stride_bt,
+    stride_ob, stride_oh, scale_log2,
+    G: tl.constexpr, G_PAD: tl.constexpr, S: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
+    QLO: tl.constexpr, V_FP16_DOT: tl.constexpr, INTERP: tl.constexpr = False,
+):
+    kvh = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    seq_len = tl.load(lens_ptr + b)
+    g = tl.arange(0, G_PAD)
+    d = tl.arange(0, D)
+    q = tl.load(q_ptr + b * stride_qb + (kvh * G + g)[:, None] * stride_qh + d[None, :],
+                mask=(g < G)[:, None], other=0.0).to(tl.float32)
+    amax = tl.maximum(tl.max(tl.abs(q), 1), 1e-12)
+    qs = q * (448.0 / amax)[:, None]
+    if INTERP:
+        q_hi = round_e4m3(qs)
+        q_lo = round_e4m3((qs - q_hi) * 16.0)
+    else:
+        q_hi = qs.to(tl.float8e4nv)
+        q_lo = ((qs - q_hi.to(tl.float32)) * 16.0).to(tl.float8e4nv)
+    qt_hi = tl.trans(q_hi)
+    qt_lo = tl.trans(q_lo)
+    col_scale = amax * (scale_log2 / 448.0)
+    m_i = tl.full([G_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([G_PAD], tl.float32)
+    acc = tl.zeros([D, G_PAD], tl.float32)
+    bt_row = bt_ptr + b * stride_bt
+    last_page = tl.maximum(seq_len - 1, 0) // S
+    for t0 in range(0, seq_len, BLOCK_N):
+        t = t0 + tl.arange(0, BLOCK_N)
+        page = tl.load(bt_row + tl.minimum(t // S, last_page)).to(tl.int64)
+        slot = (t % S).to(tl.int64)
+        tok = page * stride_cn + kvh * stride_ch + slot * stride_cs
+        sc = page * stride_sn + kvh * stride_sh + slot * stride_ss
+        k = tl.load(kc_ptr + tok[:, None] + d[None, :])
+        if INTERP:  # the interpreter mis-multiplies fp8 operands: same values in fp32
+            st = tl.dot(k.to(tl.float32), qt_hi.to(tl.float32))
+            if QLO:
+                st = st + tl.dot(k.to(tl.float32), qt_lo.to(tl.float32)) * 0.0625
+        else:
+            st = tl.dot(k, qt_hi)
+            if QLO:
+                st = st + tl.dot(k, qt_lo) * 0.0625
+        tmask = t < seq_len
+        st = st * tl.load(ks_ptr + sc)[:, None] * col_scale[None, :]
+        st = tl.where(tmask[:, None], st, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(st, 0))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(st - m_new[None, :])
+        l_i = l_i * alpha + tl.sum(p, 0)
+        vs = tl.where(tmask, tl.load(vs_ptr + sc), 0.0)
+        v = tl.load(vc_ptr + tok[:, None] + d[None, :])
+        pv = p * vs[:, None]
+        if INTERP:
+            acc = acc * alpha[None, :] + tl.dot(tl.trans(v.to(tl.float32)), pv)
+        elif V_FP16_DOT:
+            acc = acc * alpha[None, :] + tl.dot(tl.trans(v.to(tl.float16)), pv.to(tl.float16))
+        else:
+            acc = acc * alpha[None, :] + tl.dot(tl.trans(v), pv.to(tl.float8e4nv))
+        m_i = m_new
+    out = tl.trans(acc / l_i[None, :])
+    tl.store(out_ptr + b * stride_ob + (kvh * G + g)[:, None] * stride_oh + d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=(g < G)[:, None])
+
+
+CONSTS = dict(G=4, G_PAD=16, S=16, D=128, BLOCK_N=128, QLO=True, V_FP16_DOT=True)
+PTRS = {"q_ptr": "*bf16", "kc_ptr": "*fp8e4nv", "vc_ptr": "*fp8e4nv", "ks_ptr": "*fp32", "vs_ptr": "*fp32",
+        "bt_ptr": "*i32", "lens_ptr": "*i32", "out_ptr": "*bf16"}
+
+
+def offline(variants: dict[str, dict]) -> None:
+    import collections
+    import re
+
+    from sass_offline import loop_body, sass
+
+    for name, extra in variants.items():
+        text = sass(_wg_kernel, PTRS, {**CONSTS, **extra.get("c", {})}, num_warps=extra.get("w", 4),
+                    num_stages=extra.get("st", 2))
+        body = loop_body(text)
+        ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for t in body)
+        print(f"{name}: {len(body)} per loop iteration; {dict(ops.most_common(40))}", flush=True)
+
+
+def run(q, kc, vc, ks, vs, bt, lens, consts: dict, warps: int, stages: int, maxnreg: int | None = None
+        ) -> torch.Tensor:
+    """q [B, H, D] bf16; kc/vc [P, S, Hk, D] fp8 and ks/vs [P, S, Hk] fp32: kv_quant's layer views."""
+    B, H, D = q.shape
+    hk = kc.shape[2]
+    out = torch.empty_like(q)
+    c = {**CONSTS, **consts, "G": H // hk, "S": kc.shape[1], "D": D}
+    extra = {"maxnreg": maxnreg} if maxnreg else {}
+    _wg_kernel[(hk, B)](q, kc, vc, ks, vs, bt, lens, out, q.stride(0), q.stride(1), kc.stride(0), kc.stride(2),
+                        kc.stride(1), ks.stride(0), ks.stride(2), ks.stride(1), bt.stride(0), out.stride(0),
+                        out.stride(1), D ** -0.5 * 1.4426950408889634, num_warps=warps, num_stages=stages,
+                        **extra, **c)
+    return out
+
+
+def reference(q, kc, vc, ks, vs, bt, lens) -> torch.Tensor:
+    """Dequantized fp32 attention, one sequence at a time."""
+    B, H, D = q.shape
+    S, hk = kc.shape[1], kc.shape[2]
+    out = torch.empty_like(q)
+    for b in range(B):
+        n = int(lens[b])
+        pages = bt[b, : (n + S - 1) // S].long()
+        k = (kc[pages].float() * ks[pages][..., None]).reshape(-1, hk, D)[:n].transpose(0, 1)
+        v = (vc[pages].float() * vs[pages][..., None]).reshape(-1, hk, D)[:n].transpose(0, 1)
+        qq = q[b].float().view(hk, H // hk, D)
+        p = torch.softmax(qq @ k.transpose(1, 2) * D ** -0.5, -1)
+        out[b] = (p @ v).reshape(H, D).to(q.dtype)
+    return out
+
+
+def gpu(args) -> dict:
+    import statistics
+
+    sys.path.insert(0, "bench")
+    from kernel_bench import quant_paged
+
+    from pdserve.kernels.decode_attention import decode_with_partitions, default_partition_size
+    from pdserve.kernels.decode_attention import paged_decode_attention
+
+    torch.manual_seed(0)
+    B, H, D, ctx = args.batch, 32, 128, args.ctx
+    kc, vc, ks, vs, bt = quant_paged(B, ctx, "fp8_e4m3")
+    ks.uniform_(0.001, 0.02)  # random bytes make wild scales; realistic ones keep softmax soft
+    vs.uniform_(0.001, 0.02)
+    lens = torch.full((B,), ctx, device="cuda", dtype=torch.int32)
+    part = default_partition_size(B, kc.shape[2], bt.shape[1] * kc.shape[1], kc.device)
+    q = torch.randn(B, H, D, device="cuda", dtype=torch.bfloat16)
+    res: dict = {"batch": B, "ctx": ctx, "gpu": torch.cuda.get_device_name(), "kv_bytes": kc.numel() * 2 + ks.numel() * 8}
+    chk = slice(0, 4)
+    ref = reference(q[chk], kc, vc, ks, vs, bt[chk], lens[chk])
+    calls = {"ours": lambda: paged_decode_attention(q, kc, vc, bt, lens, D ** -0.5, ks, vs),
+             "ours_kv_major": lambda: paged_decode_attention(q, kc, vc, bt, lens, D ** -0.5, ks, vs, kv_major=True),
+             "ours_kv_major_uncapped": lambda: decode_with_partitions(
+                 q, kc, vc, bt, lens, D ** -0.5, part, ks, vs, kv_major=True, max_registers=255),
+             "ours_kv_major_s3": lambda: decode_with_partitions(
+                 q, kc, vc, bt, lens, D ** -0.5, part, ks, vs, kv_major=True, num_stages=3)}
+    for name, (consts, warps, stages, reg) in {
+        "qlo_v16": ({}, 4, 2, None), "qlo_v16_r128": ({}, 4, 2, 128), "qlo_v16_s3": ({}, 4, 3, None),
+        "hi_only_v16": ({"QLO": False}, 4, 2, None), "qlo_v8": ({"V_FP16_DOT": False}, 4, 2, None),
+        "qlo_v16_n64": ({"BLOCK_N": 64}, 4, 2, None), "qlo_v16_w8": ({}, 8, 2, None),
+    }.items():
+        calls[name] = lambda c=consts, w=warps, st=stages, r=reg: run(q, kc, vc, ks, vs, bt, lens, c, w, st, r)
+    ok = {}
+    for name, fn in calls.items():
+        try:
+            out = fn()
+            torch.cuda.synchronize()
+            ok[name] = fn
+            res[name] = {"max_err": (out[chk].float() - ref.float()).abs().max().item(),
+                         "ref_max": ref.float().abs().max().item()}
+        except Exception as e:  # a variant that does not compile is a result too
+            res[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+    times: dict[str, list[float]] = {n: [] for n in ok}
+    for _ in range(args.rounds):  # interleaved rounds
+        for name, fn in ok.items():
+            times[name].append(triton.testing.do_bench(fn, warmup=10, rep=60))
+    for name in ok:
+        ms = statistics.median(times[name])
+        res[name].update(ms=ms, ms_rounds=times[name], GBps=res["kv_bytes"] / ms / 1e6,
+                         over_ours=statistics.median(times["ours"]) / ms)
+    for name in calls:
+        print(name, json.dumps(res[name])[:300], flush=True)
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sass", action="store_true")
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    if args.sass:
+        offline({"q hi+lo, V fp16 dot": {}, "q hi only, V fp16 dot": {"c": {"QLO": False}},
+                 "q hi+lo, V fp8 dot": {"c": {"V_FP16_DOT": False}}, "q hi+lo, 8 warps": {"w": 8},
+                 "q hi+lo, 64-token tiles": {"c": {"BLOCK_N": 64}}})
+        return
+    res = gpu(args)
+    if args.out:
+        json.dump(res, open(args.out, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
