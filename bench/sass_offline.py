@@ -67,6 +67,7 @@ def main() -> None:
         "fp8, K by Triton's convert (default)": (ptrs, dict(BLOCK_N=128, QUANT=True, TILES=2, K_CVT=True)),
         "fp8, kv-major (query in three fp8 parts)": (ptrs, dict(BLOCK_N=128, QUANT=True, TILES=2, K_CVT=True,
                                                                 KV_MAJOR=True)),
+        "fp8, kv-major, 64-token tiles": (ptrs, dict(BLOCK_N=64, QUANT=True, TILES=2, K_CVT=True, KV_MAJOR=True)),
         "fp8, kv-major (query in two fp8 parts)": (ptrs, dict(BLOCK_N=128, QUANT=True, TILES=2, K_CVT=True,
                                                               KV_MAJOR=True, Q_PARTS=2)),
         "bf16 (64-token tiles)": ({**ptrs, "kc_ptr": "*bf16", "vc_ptr": "*bf16"},

@@ -175,7 +175,13 @@ def gpu(args) -> dict:
              "ours_kv_major_uncapped": lambda: decode_with_partitions(
                  q, kc, vc, bt, lens, D ** -0.5, part, ks, vs, kv_major=True, max_registers=255),
              "ours_kv_major_s3": lambda: decode_with_partitions(
-                 q, kc, vc, bt, lens, D ** -0.5, part, ks, vs, kv_major=True, num_stages=3)}
+                 q, kc, vc, bt, lens, D ** -0.5, part, ks, vs, kv_major=True, num_stages=3),
+             "ours_kv_major_n64": lambda: decode_with_partitions(
+                 q, kc, vc, bt, lens, D ** -0.5, part, ks, vs, kv_major=True, block_n=64),
+             "ours_kv_major_w8": lambda: decode_with_partitions(
+                 q, kc, vc, bt, lens, D ** -0.5, part, ks, vs, kv_major=True, num_warps=8),
+             "ours_kv_major_n256_w8": lambda: decode_with_partitions(
+                 q, kc, vc, bt, lens, D ** -0.5, part, ks, vs, kv_major=True, block_n=256, num_warps=8)}
     for name, (consts, warps, stages, reg) in {
         "qlo_v16": ({}, 4, 2, None), "qlo_v16_r128": ({}, 4, 2, 128), "qlo_v16_s3": ({}, 4, 3, None),
         "hi_only_v16": ({"QLO": False}, 4, 2, None), "qlo_v8": ({"V_FP16_DOT": False}, 4, 2, None),
