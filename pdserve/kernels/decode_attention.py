@@ -168,14 +168,16 @@ def _decode_kernel(
     if KV_MAJOR:  # fp8 e4m3 cache, whole head dim, soft tiles (see attend_tile_kv_major)
         qt_hi, qt_mid, qt_lo, q_factor = split_query_fp8(q, scale_log2, DOT_F32)
         acc_t = tl.zeros([D_PAD, G_PAD], tl.float32)
+        l_t = tl.zeros([BLOCK_N, G_PAD], tl.float32)
         for t0 in range(start, end, BLOCK_N):
             t = t0 + tl.arange(0, BLOCK_N)
             tmask = t < end
             tok_off, sc_off = paged_offsets(bt_row, t, tmask, stride_cn, stride_cs, kvh, stride_sn,
                                             stride_ss, stride_sh, S, True, 2, last_page)
-            m_i, l_i, acc_t = attend_tile_kv_major(
-                qt_hi, qt_mid, qt_lo, q_factor, kc_ptr, vc_ptr, tok_off, head_off, tmask, m_i, l_i, acc_t,
+            m_i, l_t, acc_t = attend_tile_kv_major(
+                qt_hi, qt_mid, qt_lo, q_factor, kc_ptr, vc_ptr, tok_off, head_off, tmask, m_i, l_t, acc_t,
                 ks_ptr, vs_ptr, sc_off, DOT_F32, Q_PARTS)
+        l_i = tl.sum(l_t, 0)
         acc = tl.trans(acc_t) * (1.0 / KV_MAJOR_GAIN)
     elif TILES == 2:  # quantized: one loop, unmasked loads (see attend_tile's MASK_T 2)
         acc = tl.zeros([G_PAD, D_PAD], tl.float32)
