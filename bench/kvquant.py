@@ -161,18 +161,14 @@ def _loop_runs(layers: int, n: int, reps: int, variants: dict[str, tuple[str, Ca
     return runs
 
 
-def decode_loop_speedup(layers: int = 16, n: int = 256, reps: int = 3, slot_major: bool = False,
-                        kv_major: bool = False) -> dict:
+def decode_loop_speedup(layers: int = 16, n: int = 256, reps: int = 3, slot_major: bool = False) -> dict:
     """fp8 over bf16 decode tokens/s of the decode worker's engine loop (_loop_runs); medians.
     The eager step of decode_speedup also times the host building 256 block tables of 4k tokens,
     which the loop overlaps with the GPU. slot_major: also fp8 with the block layout before
-    2026-12-06 (slot_major_fp8_blocks); kv_major: also fp8 with the other form of the decode
-    kernel (kv_major_attention; whichever is not the default)."""
+    2026-12-06 (slot_major_fp8_blocks)."""
     variants = {"auto": ("auto", contextlib.nullcontext), "fp8_e4m3": ("fp8_e4m3", contextlib.nullcontext)}
     if slot_major:
         variants["fp8_e4m3_slot_major"] = ("fp8_e4m3", slot_major_fp8_blocks)
-    if kv_major:
-        variants["fp8_e4m3_other_form"] = ("fp8_e4m3", kv_major_attention)
     runs = _loop_runs(layers, n, reps, variants)
     med = {name: statistics.median(r) for name, r in runs.items()}
     b, f = med["auto"], med["fp8_e4m3"]
@@ -180,30 +176,7 @@ def decode_loop_speedup(layers: int = 16, n: int = 256, reps: int = 3, slot_majo
            "decode_loop_tok_s_fp8": f, "decode_loop_runs": runs}
     if slot_major:
         res["fp8_slot_major_decode_loop_speedup_4k_bs256"] = med["fp8_e4m3_slot_major"] / b
-    if kv_major:
-        from pdserve.kernels.decode_attention import kv_major_default
-
-        res["fp8_other_form"] = "row_major" if kv_major_default() else "kv_major"
-        res["fp8_other_form_decode_loop_speedup_4k_bs256"] = med["fp8_e4m3_other_form"] / b
     return res
-
-
-@contextlib.contextmanager
-def kv_major_attention():
-    """While open, fused decode attention over fp8 caches (decode_rotary_attention, what the
-    model's decode step calls) takes the other form of the kernel than its default (kv-major
-    or row-major, see attend_tile_kv_major); graphs captured inside keep it."""
-    import functools
-
-    from pdserve.kernels import decode_rotary_attention as dra
-    from pdserve.kernels.decode_attention import kv_major_default
-
-    served = dra.paged_decode_attention
-    dra.paged_decode_attention = functools.partial(served, kv_major=not kv_major_default())
-    try:
-        yield
-    finally:
-        dra.paged_decode_attention = served
 
 
 @contextlib.contextmanager

@@ -7,6 +7,16 @@ operands transposed from shared memory).
 
     PYTHONPATH=DIR_WITH_TRITON_3.6:. python bench/wgmma_probe.py --sass     # offline sm_90 SASS
     python bench/wgmma_probe.py                                              # GPU: check + time
+
+Result (session 21, 2026-12-06): Triton 3.6 emits QGMMA for the score dots and HGMMA for P@V,
+991 instructions per 128-token tile against the served kernel's 1,350, yet on an H100 at
+256 x 4k it takes 0.894 ms against the served kernel's 0.778 ms (64 x 4k: 0.238 vs 0.212 ms;
+`bench/results/wgmma-probe-h100-2026-12-06-s21a-*.json`). The same form built into the served
+kernel (tokens spread over the warps, so the tile's max is a cross-warp reduction; 73 KB of
+shared memory, 3 programs per SM; a query in three fp8 parts) took 0.918 ms uncapped and 7.5 ms
+at the served kernel's 128-register cap (spills), and 0.23x of bf16 through the engine loop at
+that cap (`kvquant-loop-h100-2026-12-06-s21a.json`, commit fcae717): dropped. With a query in
+one fp8 part (hi_only) the output error doubles.
 """
 
 from __future__ import annotations
@@ -156,7 +166,6 @@ def gpu(args) -> dict:
     sys.path.insert(0, "bench")
     from kernel_bench import quant_paged
 
-    from pdserve.kernels.decode_attention import decode_with_partitions, default_partition_size
     from pdserve.kernels.decode_attention import paged_decode_attention
 
     torch.manual_seed(0)
@@ -165,23 +174,11 @@ def gpu(args) -> dict:
     ks.uniform_(0.001, 0.02)  # random bytes make wild scales; realistic ones keep softmax soft
     vs.uniform_(0.001, 0.02)
     lens = torch.full((B,), ctx, device="cuda", dtype=torch.int32)
-    part = default_partition_size(B, kc.shape[2], bt.shape[1] * kc.shape[1], kc.device)
     q = torch.randn(B, H, D, device="cuda", dtype=torch.bfloat16)
     res: dict = {"batch": B, "ctx": ctx, "gpu": torch.cuda.get_device_name(), "kv_bytes": kc.numel() * 2 + ks.numel() * 8}
     chk = slice(0, 4)
     ref = reference(q[chk], kc, vc, ks, vs, bt[chk], lens[chk])
-    calls = {"ours": lambda: paged_decode_attention(q, kc, vc, bt, lens, D ** -0.5, ks, vs),
-             "ours_kv_major": lambda: paged_decode_attention(q, kc, vc, bt, lens, D ** -0.5, ks, vs, kv_major=True),
-             "ours_kv_major_uncapped": lambda: decode_with_partitions(
-                 q, kc, vc, bt, lens, D ** -0.5, part, ks, vs, kv_major=True, max_registers=255),
-             "ours_kv_major_s3": lambda: decode_with_partitions(
-                 q, kc, vc, bt, lens, D ** -0.5, part, ks, vs, kv_major=True, num_stages=3),
-             "ours_kv_major_n64": lambda: decode_with_partitions(
-                 q, kc, vc, bt, lens, D ** -0.5, part, ks, vs, kv_major=True, block_n=64),
-             "ours_kv_major_w8": lambda: decode_with_partitions(
-                 q, kc, vc, bt, lens, D ** -0.5, part, ks, vs, kv_major=True, num_warps=8),
-             "ours_kv_major_n256_w8": lambda: decode_with_partitions(
-                 q, kc, vc, bt, lens, D ** -0.5, part, ks, vs, kv_major=True, block_n=256, num_warps=8)}
+    calls = {"ours": lambda: paged_decode_attention(q, kc, vc, bt, lens, D ** -0.5, ks, vs)}
     for name, (consts, warps, stages, reg) in {
         "qlo_v16": ({}, 4, 2, None), "qlo_v16_r128": ({}, 4, 2, 128), "qlo_v16_s3": ({}, 4, 3, None),
         "hi_only_v16": ({"QLO": False}, 4, 2, None), "qlo_v8": ({"V_FP16_DOT": False}, 4, 2, None),

@@ -19,8 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pdserve.kernels._attention import KV_MAJOR_GAIN, attend_tile, attend_tile_kv_major, paged_offsets
-from pdserve.kernels._attention import query_for, split_query_fp8
+from pdserve.kernels._attention import attend_tile, paged_offsets, query_for
 from pdserve.kernels._common import check_attention_inputs, check_device, check_dim, check_dtype
 from pdserve.kernels._common import check_scales
 from pdserve.kernels._common import dot_precision, interpreting, next_pow2, num_sms
@@ -49,14 +48,6 @@ _TILES = {"masked": 0, "tail": 1, "soft": 2}
 # 2026-12-05) lost 3-12 % at batch 16-128: a split adds a merge kernel and splits the sequence's
 # page reads (bench/attn_waves.py --parts, bench/results/attn-parts-h100-2026-12-05-s15b.json).
 _PROGRAMS_PER_SM = 2
-# Whether fp8 e4m3 caches take the kv-major form (attend_tile_kv_major) unless told otherwise.
-_KV_MAJOR_DEFAULT = False
-
-
-def kv_major_default() -> bool:
-    """What decode_with_partitions picks for kv_major=None over an fp8 e4m3 cache it can take
-    (bf16/fp16 queries, soft tiles, a power-of-two head dim)."""
-    return _KV_MAJOR_DEFAULT
 
 
 @triton.jit
@@ -124,7 +115,7 @@ def _decode_kernel(
     PRECISION: tl.constexpr, DOT_F32: tl.constexpr, QUANT: tl.constexpr,
     EVEN_D: tl.constexpr, TILES: tl.constexpr, HEADS_FIRST: tl.constexpr, K_CVT: tl.constexpr,
     ROPE: tl.constexpr = False, HALF: tl.constexpr = 1, QMAX: tl.constexpr = 1.0,
-    IS_INT: tl.constexpr = False, KV_MAJOR: tl.constexpr = False, Q_PARTS: tl.constexpr = 3,
+    IS_INT: tl.constexpr = False,
 ):
     """Programs (KV head, sequence, partition) or (sequence, KV head, partition). ROPE: q, kn
     and vn are the step's unrotated rows [B, H, D]; each program rotates its query heads, and
@@ -159,35 +150,20 @@ def _decode_kernel(
             head_dim, G, G_PAD, D_PAD, HALF, S, QUANT, QMAX, IS_INT)
     else:
         q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=qmask, other=0.0)
-    q = query_for(q, QUANT and not KV_MAJOR, DOT_F32)  # KV_MAJOR splits it (split_query_fp8)
+    q = query_for(q, QUANT, DOT_F32)
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
+    acc = tl.zeros([G_PAD, D_PAD], tl.float32)
     bt_row = bt_ptr + b * stride_bt
     head_off = kvh * stride_ch + d
     last_page = tl.maximum(seq_len - 1, 0) // S
-    if KV_MAJOR:  # fp8 e4m3 cache, whole head dim, soft tiles (see attend_tile_kv_major)
-        qt_hi, qt_mid, qt_lo, q_factor = split_query_fp8(q, scale_log2, DOT_F32)
-        acc_t = tl.zeros([D_PAD, G_PAD], tl.float32)
-        l_t = tl.zeros([BLOCK_N, G_PAD], tl.float32)
-        for t0 in range(start, end, BLOCK_N):
-            t = t0 + tl.arange(0, BLOCK_N)
-            tmask = t < end
-            tok_off, sc_off = paged_offsets(bt_row, t, tmask, stride_cn, stride_cs, kvh, stride_sn,
-                                            stride_ss, stride_sh, S, True, 2, last_page)
-            m_i, l_t, acc_t = attend_tile_kv_major(
-                qt_hi, qt_mid, qt_lo, q_factor, kc_ptr, vc_ptr, tok_off, head_off, tmask, m_i, l_t, acc_t,
-                ks_ptr, vs_ptr, sc_off, DOT_F32, Q_PARTS)
-        l_i = tl.sum(l_t, 0)
-        acc = tl.trans(acc_t) * (1.0 / KV_MAJOR_GAIN)
-    elif TILES == 2:  # quantized: one loop, unmasked loads (see attend_tile's MASK_T 2)
-        acc = tl.zeros([G_PAD, D_PAD], tl.float32)
+    if TILES == 2:  # quantized: one loop, unmasked loads (see attend_tile's MASK_T 2)
         for t0 in range(start, end, BLOCK_N):
             m_i, l_i, acc = _attend_from(
                 t0, end, last_page, q, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_row, head_off, dmask, kvh,
                 m_i, l_i, acc, stride_cn, stride_cs, stride_sn, stride_ss, stride_sh, scale_log2,
                 S, BLOCK_N, PRECISION, DOT_F32, QUANT, 2, not EVEN_D, K_CVT)
     else:  # whole tiles unmasked (TILES 1) or masked (0), then a masked tail
-        acc = tl.zeros([G_PAD, D_PAD], tl.float32)
         full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
         for t0 in range(start, full_end, BLOCK_N):
             m_i, l_i, acc = _attend_from(
@@ -259,7 +235,6 @@ def paged_decode_attention(
     v_scale: torch.Tensor | None = None,
     *,
     k_convert: bool | None = None,
-    kv_major: bool | None = None,
     rope: RopeWrite | None = None,
 ) -> torch.Tensor:
     """One query per sequence (q [B, Hq, D]) over seq_lens[b] cached tokens.
@@ -267,13 +242,13 @@ def paged_decode_attention(
     block_tables int32 [B, max_blocks], seq_lens int32 [B]; caches [N, S, Hk, D] may be layer
     views of a pool. Returns a new [B, Hq, D] tensor in q's dtype. With k_scale/v_scale
     [N, S, Hk] float32, the caches are fp8/int8 and dequantized inside the kernel. k_convert:
-    and kv_major: see decode_with_partitions; rope: see decode_rotary_attention.
+    see decode_with_partitions; rope: see decode_rotary_attention.
     """
     max_context = block_tables.shape[1] * k_cache.shape[1] if block_tables.dim() == 2 else 0
     part = default_partition_size(q.shape[0], k_cache.shape[2], max_context, q.device)
     return decode_with_partitions(
         q, k_cache, v_cache, block_tables, seq_lens, scale, part, k_scale, v_scale, k_convert=k_convert,
-        kv_major=kv_major, rope=rope,
+        rope=rope,
     )
 
 
@@ -295,7 +270,6 @@ def decode_with_partitions(
     heads_first: bool = True,
     max_registers: int | None = None,
     k_convert: bool | None = None,
-    kv_major: bool | None = None,
     rope: RopeWrite | None = None,
 ) -> torch.Tensor:
     """paged_decode_attention with an explicit split-K partition size (power of two >= 16):
@@ -311,11 +285,8 @@ def decode_with_partitions(
     max_registers caps the registers per thread (ptxas -maxnreg; more programs fit an SM).
     k_convert (default: bf16/fp16 queries over fp8 caches): K tiles reach the score dot
     through Triton's convert (see attend_tile's K_CVT); False upcasts them with PTX bit moves
-    (the kernel before 2026-12-04, kept to measure against). kv_major (fp8 e4m3 caches, soft
-    tiles, a power-of-two head dim; default: kv_major_default() where it applies): the tile's tokens are the dots' M dimension
-    and the query is split into three fp8 parts (see attend_tile_kv_major); k_convert is then
-    moot. rope: q is unrotated and the kernel also does rotary_write_kv's work (see
-    decode_rotary_attention)."""
+    (the kernel before 2026-12-04, kept to measure against). rope: q is unrotated and the
+    kernel also does rotary_write_kv's work (see decode_rotary_attention)."""
     quant = check_scales(k_cache, k_scale, v_scale)
     if k_convert is None:
         k_convert = quant and k_cache.dtype == torch.float8_e4m3fn and q.dtype != torch.float32
@@ -341,12 +312,6 @@ def decode_with_partitions(
         f"partition_size {partition_size} must be a power of two >= 16"
     )
     check_device(q=q, k_cache=k_cache, block_tables=block_tables, seq_lens=seq_lens)
-    d_pad = max(16, next_pow2(d))
-    if kv_major is None:
-        kv_major = (_KV_MAJOR_DEFAULT and k_cache.dtype == torch.float8_e4m3fn and q.dtype != torch.float32
-                    and tiles == "soft" and d_pad == d)
-    assert not kv_major or (k_cache.dtype == torch.float8_e4m3fn and tiles == "soft" and d_pad == d), (
-        "kv_major needs an fp8 e4m3 cache, tiles='soft' and a power-of-two head dim >= 16")
     out = torch.empty((b, hq, d), dtype=q.dtype, device=q.device)
     if b == 0:
         return out
@@ -358,6 +323,7 @@ def decode_with_partitions(
         lse = torch.empty((b, hq, parts), dtype=torch.float32, device=q.device)
     else:
         dest, lse = out, out  # lse is unused without a split
+    d_pad = max(16, next_pow2(d))
     ks, vs = (k_scale, v_scale) if quant else (k_cache, v_cache)
     grid = (hk, b, parts) if heads_first else (b, hk, parts)
     if rope is None:  # the kernel's rope arguments, unused
@@ -377,7 +343,7 @@ def decode_with_partitions(
         G=group, G_PAD=max(16, next_pow2(group)), S=s, D_PAD=d_pad,
         BLOCK_N=min(block_n, partition_size), SPLIT=split,
         PRECISION=dot_precision(q.dtype), DOT_F32=interpreting(), QUANT=quant,
-        EVEN_D=d_pad == d, TILES=_TILES[tiles], HEADS_FIRST=heads_first, K_CVT=k_convert, KV_MAJOR=kv_major,
+        EVEN_D=d_pad == d, TILES=_TILES[tiles], HEADS_FIRST=heads_first, K_CVT=k_convert,
         **rope_consts, num_warps=num_warps, num_stages=num_stages,
         **({"maxnreg": max_registers} if max_registers and not interpreting() else {}),
     )

@@ -47,8 +47,7 @@ def compile_kernel(fn: triton.JITFunction, ptrs: dict[str, str], consts: dict, *
 
 
 SCALES = {"ks_ptr": "*fp32", "vs_ptr": "*fp32"}
-ROW_MAJOR = {"KV_MAJOR": False, "Q_PARTS": 3}
-NO_ROPE = {"ROPE": False, "HALF": 1, "QMAX": 1.0, "IS_INT": False, **ROW_MAJOR}  # the decode kernel's defaults
+NO_ROPE = {"ROPE": False, "HALF": 1, "QMAX": 1.0, "IS_INT": False}  # the decode kernel's defaults
 
 
 def attention(dt: str, cache_dt: str) -> None:
@@ -75,15 +74,8 @@ def attention(dt: str, cache_dt: str) -> None:
         "G": 4, "G_PAD": 16, "S": 16, "D_PAD": 128, "BLOCK_N": 128 if quant else 64, "SPLIT": True,
         "PRECISION": "tf32", "DOT_F32": False, "QUANT": quant, "EVEN_D": True, "TILES": 2 if quant else 1,
         "K_CVT": cache_dt == "fp8e4nv", "ROPE": True, "HALF": 64, "QMAX": 448.0 if quant else 1.0,
-        "IS_INT": False, **ROW_MAJOR,
+        "IS_INT": False,
     }, num_warps=4, num_stages=2)
-    if cache_dt == "fp8e4nv":  # the kv-major form (warpgroup MMAs on fp8), plain and fused
-        for rope, ptrs in ((NO_ROPE, {**cache, "out_ptr": "*fp32", "lse_ptr": "*fp32"}),
-                           ({"ROPE": True, "HALF": 64, "QMAX": 448.0, "IS_INT": False}, rope_ptrs)):
-            compile_kernel(_decode_kernel, ptrs, {
-                "G": 4, "G_PAD": 16, "S": 16, "D_PAD": 128, "BLOCK_N": 128, "SPLIT": True, "PRECISION": "tf32",
-                "DOT_F32": False, "QUANT": True, "EVEN_D": True, "TILES": 2, "K_CVT": True, **rope,
-                "KV_MAJOR": True, "Q_PARTS": 3}, num_warps=4, num_stages=2)
     compile_kernel(_merge_kernel, {"part_ptr": "*fp32", "lse_ptr": "*fp32", "out_ptr": f"*{dt}"},
                    {"P_PAD": 4, "D_PAD": 128})
     for group, bm, bn, warps in ((4, 128, 64, 8), (7, 128, 64, 8), (1, 64, 32, 4)):

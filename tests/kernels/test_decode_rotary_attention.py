@@ -73,21 +73,6 @@ def test_fused_equals_the_two_kernels(dtype, hq: int, hk: int, d: int, partial: 
     assert torch.equal(got, want)
 
 
-@pytest.mark.parametrize("partition", [16, 256], ids=["split", "whole"])
-def test_fused_kv_major_equals_the_two_kernels(partition: int) -> None:
-    """The kv-major form over an fp8 cache (see attend_tile_kv_major) with the rotation and
-    write fused: every pool byte and the output equal rotary_write_kv + the same decode."""
-    (q, k, v), pos, cos_sin, slots, tables, lens, pools = _case(8, 2, 64, torch.bfloat16, torch.float8_e4m3fn, 1.0)
-    kc, vc, *sc = _views(pools[0], 64)
-    want_q = rotary_write_kv(q, k, v, pos, cos_sin, kc, vc, slots, *sc)
-    want = decode_with_partitions(want_q, kc, vc, tables, lens, 0.125, partition, *sc, kv_major=True)
-    kc, vc, *sc = _views(pools[1], 64)
-    got = decode_with_partitions(q, kc, vc, tables, lens, 0.125, partition, *sc, kv_major=True,
-                                 rope=_rope(k, v, pos, cos_sin, slots))
-    assert torch.equal(pools[1].view(torch.uint8), pools[0].view(torch.uint8))
-    assert torch.equal(got, want)
-
-
 def _rope(k, v, pos, cos_sin, slots):
     from pdserve.kernels.decode_attention import RopeWrite
 

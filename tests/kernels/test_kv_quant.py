@@ -114,41 +114,6 @@ def test_quantized_attention_close_to_full_precision(k_convert: bool) -> None:
     assert_close(out, reference.paged_decode_attention(q, full_k, full_v, tables, lens, 0.125))
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("partition,head_dim", [(16, 64), (256, 64), (256, 32), (64, 16)])
-def test_decode_kv_major_matches_reference(dtype, partition, head_dim) -> None:
-    """The kv-major form (fp8 query split in two, tokens as the dots' M dim) over an fp8 cache
-    equals the reference at bf16/fp16 tolerance: split partitions, a 1-token sequence, tails
-    inside a page, and queries of very different sizes per head (the split is per row)."""
-    lens_list, group = [1, 15, 17, 100], 4
-    _, kv = _quant_pool(torch.float8_e4m3fn, head_dim)
-    tables = make_block_tables(lens_list, BLOCK, NBLOCKS, width=8)
-    lens = torch.tensor(lens_list, dtype=torch.int32, device=DEVICE)
-    q = torch.randn(len(lens_list), HK * group, head_dim, device=DEVICE)
-    q = (q * torch.logspace(-3, 2, HK * group, device=DEVICE)[None, :, None]).to(dtype)
-    ref = reference.paged_decode_attention(q, kv.k, kv.v, tables, lens, 0.125, kv.k_scale, kv.v_scale)
-    out = decode_with_partitions(q, kv.k, kv.v, tables, lens, 0.125, partition, kv.k_scale, kv.v_scale,
-                                 kv_major=True)
-    assert_close(out, ref)
-    hi_only = reference.paged_decode_attention(q.float().to(torch.float8_e4m3fn).to(dtype), kv.k, kv.v,
-                                               tables, lens, 0.125, kv.k_scale, kv.v_scale)
-    with pytest.raises(AssertionError):  # the query in one fp8 part is too coarse for this test
-        assert_close(hi_only, ref)
-
-
-def test_kv_major_refuses_what_it_cannot_take() -> None:
-    _, kv = _quant_pool(torch.int8, 64)
-    tables = make_block_tables([5], BLOCK, NBLOCKS, width=2)
-    lens = torch.tensor([5], dtype=torch.int32, device=DEVICE)
-    q = torch.randn(1, HK * 2, 64, dtype=torch.bfloat16, device=DEVICE)
-    with pytest.raises(AssertionError, match="kv_major needs an fp8 e4m3 cache"):
-        decode_with_partitions(q, kv.k, kv.v, tables, lens, 0.125, 256, kv.k_scale, kv.v_scale, kv_major=True)
-    _, kv = _quant_pool(torch.float8_e4m3fn, 48)
-    with pytest.raises(AssertionError, match="power-of-two head dim"):
-        decode_with_partitions(q[..., :48], kv.k, kv.v, tables, lens, 0.125, 256, kv.k_scale, kv.v_scale,
-                               kv_major=True)
-
-
 def test_scales_must_come_in_pairs() -> None:
     _, kv = _quant_pool(torch.int8, 32)
     q = torch.randn(1, HK, 32, device=DEVICE)
