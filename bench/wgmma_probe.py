@@ -16,7 +16,9 @@ kernel (tokens spread over the warps, so the tile's max is a cross-warp reductio
 shared memory, 3 programs per SM; a query in three fp8 parts) took 0.918 ms uncapped and 7.5 ms
 at the served kernel's 128-register cap (spills), and 0.23x of bf16 through the engine loop at
 that cap (`kvquant-loop-h100-2026-12-06-s21a.json`, commit fcae717): dropped. With a query in
-one fp8 part (hi_only) the output error doubles.
+one fp8 part (hi_only) the output error doubles; P rounded to fp8 for an fp8 P@V (qlo_v8) is
+both slower (1.62 ms: V^T must be transposed byte by byte into shared memory) and wrong (max
+error 0.23 on outputs of 0.35: probabilities times small V scales fall below fp8's range).
 """
 
 from __future__ import annotations
@@ -28,9 +30,6 @@ import sys
 import torch
 import triton
 import triton.language as tl
-
-FP8_MAX = tl.constexpr(448.0)
-
 
 @triton.jit
 def round_e4m3(x):
