@@ -109,7 +109,7 @@ def _wg_kernel(
              out.to(out_ptr.dtype.element_ty), mask=(g < G)[:, None])
 
 
-CONSTS = dict(G=4, G_PAD=16, S=16, D=128, BLOCK_N=128, QLO=True, V_FP16_DOT=True)
+CONSTS = dict(G=4, G_PAD=16, S=16, D=128, BLOCK_N=128, QLO=True, V_FP16_DOT=True, INTERP=False)
 PTRS = {"q_ptr": "*bf16", "kc_ptr": "*fp8e4nv", "vc_ptr": "*fp8e4nv", "ks_ptr": "*fp32", "vs_ptr": "*fp32",
         "bt_ptr": "*i32", "lens_ptr": "*i32", "out_ptr": "*bf16"}
 
