@@ -77,10 +77,10 @@ def main() -> None:
                sass(_vt_kernel, {**ptrs, "vt_ptr": "*fp8e4nv"}, consts, num_warps=4, num_stages=2))
 
 
-def report(name: str, text: str) -> None:
+def report(name: str, text: str, top: int = 12) -> None:
     body = loop_body(text)
     ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for t in body)
-    print(f"{name}: {len(body)} instructions per loop iteration; {dict(ops.most_common(12))}", flush=True)
+    print(f"{name}: {len(body)} instructions per loop iteration; {dict(ops.most_common(top))}", flush=True)
 
 
 if __name__ == "__main__":

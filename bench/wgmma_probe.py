@@ -31,15 +31,6 @@ import torch
 import triton
 import triton.language as tl
 
-@triton.jit
-def round_e4m3(x):
-    """x (|x| <= 448) rounded to the nearest fp8 e4m3 value, in fp32: the interpreter's own
-    fp32 -> fp8 convert is wrong (bench only)."""
-    a = tl.abs(x)
-    step = tl.exp2(tl.maximum(tl.floor(tl.log2(tl.maximum(a, 1e-30))), -6.0) - 3.0)
-    r = tl.floor(a / step + 0.5) * step
-    return tl.where(x < 0, -r, r)
-
 
 @triton.jit
 def _wg_kernel(
@@ -47,7 +38,7 @@ def _wg_kernel(
     stride_qb, stride_qh, stride_cn, stride_ch, stride_cs, stride_sn, stride_sh, stride_ss, stride_bt,
     stride_ob, stride_oh, scale_log2,
     G: tl.constexpr, G_PAD: tl.constexpr, S: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
-    QLO: tl.constexpr, V_FP16_DOT: tl.constexpr, INTERP: tl.constexpr = False,
+    QLO: tl.constexpr, V_FP16_DOT: tl.constexpr,
 ):
     kvh = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
@@ -58,12 +49,8 @@ def _wg_kernel(
                 mask=(g < G)[:, None], other=0.0).to(tl.float32)
     amax = tl.maximum(tl.max(tl.abs(q), 1), 1e-12)
     qs = q * (448.0 / amax)[:, None]
-    if INTERP:
-        q_hi = round_e4m3(qs)
-        q_lo = round_e4m3((qs - q_hi) * 16.0)
-    else:
-        q_hi = qs.to(tl.float8e4nv)
-        q_lo = ((qs - q_hi.to(tl.float32)) * 16.0).to(tl.float8e4nv)
+    q_hi = qs.to(tl.float8e4nv)
+    q_lo = ((qs - q_hi.to(tl.float32)) * 16.0).to(tl.float8e4nv)
     qt_hi = tl.trans(q_hi)
     qt_lo = tl.trans(q_lo)
     col_scale = amax * (scale_log2 / 448.0)
@@ -79,14 +66,9 @@ def _wg_kernel(
         tok = page * stride_cn + kvh * stride_ch + slot * stride_cs
         sc = page * stride_sn + kvh * stride_sh + slot * stride_ss
         k = tl.load(kc_ptr + tok[:, None] + d[None, :])
-        if INTERP:  # the interpreter mis-multiplies fp8 operands: same values in fp32
-            st = tl.dot(k.to(tl.float32), qt_hi.to(tl.float32))
-            if QLO:
-                st = st + tl.dot(k.to(tl.float32), qt_lo.to(tl.float32)) * 0.0625
-        else:
-            st = tl.dot(k, qt_hi)
-            if QLO:
-                st = st + tl.dot(k, qt_lo) * 0.0625
+        st = tl.dot(k, qt_hi)
+        if QLO:
+            st = st + tl.dot(k, qt_lo) * 0.0625
         tmask = t < seq_len
         st = st * tl.load(ks_ptr + sc)[:, None] * col_scale[None, :]
         st = tl.where(tmask[:, None], st, float("-inf"))
@@ -97,9 +79,7 @@ def _wg_kernel(
         vs = tl.where(tmask, tl.load(vs_ptr + sc), 0.0)
         v = tl.load(vc_ptr + tok[:, None] + d[None, :])
         pv = p * vs[:, None]
-        if INTERP:
-            acc = acc * alpha[None, :] + tl.dot(tl.trans(v.to(tl.float32)), pv)
-        elif V_FP16_DOT:
+        if V_FP16_DOT:
             acc = acc * alpha[None, :] + tl.dot(tl.trans(v.to(tl.float16)), pv.to(tl.float16))
         else:
             acc = acc * alpha[None, :] + tl.dot(tl.trans(v), pv.to(tl.float8e4nv))
@@ -109,23 +89,17 @@ def _wg_kernel(
              out.to(out_ptr.dtype.element_ty), mask=(g < G)[:, None])
 
 
-CONSTS = dict(G=4, G_PAD=16, S=16, D=128, BLOCK_N=128, QLO=True, V_FP16_DOT=True, INTERP=False)
+CONSTS = dict(G=4, G_PAD=16, S=16, D=128, BLOCK_N=128, QLO=True, V_FP16_DOT=True)
 PTRS = {"q_ptr": "*bf16", "kc_ptr": "*fp8e4nv", "vc_ptr": "*fp8e4nv", "ks_ptr": "*fp32", "vs_ptr": "*fp32",
         "bt_ptr": "*i32", "lens_ptr": "*i32", "out_ptr": "*bf16"}
 
 
 def offline(variants: dict[str, dict]) -> None:
-    import collections
-    import re
-
-    from sass_offline import loop_body, sass
+    from sass_offline import report, sass
 
     for name, extra in variants.items():
-        text = sass(_wg_kernel, PTRS, {**CONSTS, **extra.get("c", {})}, num_warps=extra.get("w", 4),
-                    num_stages=extra.get("st", 2))
-        body = loop_body(text)
-        ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for t in body)
-        print(f"{name}: {len(body)} per loop iteration; {dict(ops.most_common(40))}", flush=True)
+        report(name, sass(_wg_kernel, PTRS, {**CONSTS, **extra.get("c", {})}, num_warps=extra.get("w", 4),
+                          num_stages=extra.get("st", 2)), top=40)
 
 
 def run(q, kc, vc, ks, vs, bt, lens, consts: dict, warps: int, stages: int, maxnreg: int | None = None
@@ -143,28 +117,13 @@ def run(q, kc, vc, ks, vs, bt, lens, consts: dict, warps: int, stages: int, maxn
     return out
 
 
-def reference(q, kc, vc, ks, vs, bt, lens) -> torch.Tensor:
-    """Dequantized fp32 attention, one sequence at a time."""
-    B, H, D = q.shape
-    S, hk = kc.shape[1], kc.shape[2]
-    out = torch.empty_like(q)
-    for b in range(B):
-        n = int(lens[b])
-        pages = bt[b, : (n + S - 1) // S].long()
-        k = (kc[pages].float() * ks[pages][..., None]).reshape(-1, hk, D)[:n].transpose(0, 1)
-        v = (vc[pages].float() * vs[pages][..., None]).reshape(-1, hk, D)[:n].transpose(0, 1)
-        qq = q[b].float().view(hk, H // hk, D)
-        p = torch.softmax(qq @ k.transpose(1, 2) * D ** -0.5, -1)
-        out[b] = (p @ v).reshape(H, D).to(q.dtype)
-    return out
-
-
 def gpu(args) -> dict:
     import statistics
 
     sys.path.insert(0, "bench")
     from kernel_bench import quant_paged
 
+    from pdserve.kernels import reference
     from pdserve.kernels.decode_attention import paged_decode_attention
 
     torch.manual_seed(0)
@@ -176,7 +135,7 @@ def gpu(args) -> dict:
     q = torch.randn(B, H, D, device="cuda", dtype=torch.bfloat16)
     res: dict = {"batch": B, "ctx": ctx, "gpu": torch.cuda.get_device_name(), "kv_bytes": kc.numel() * 2 + ks.numel() * 8}
     chk = slice(0, 4)
-    ref = reference(q[chk], kc, vc, ks, vs, bt[chk], lens[chk])
+    ref = reference.paged_decode_attention(q[chk], kc, vc, bt[chk], lens[chk], D ** -0.5, ks, vs)
     calls = {"ours": lambda: paged_decode_attention(q, kc, vc, bt, lens, D ** -0.5, ks, vs)}
     for name, (consts, warps, stages, reg) in {
         "qlo_v16": ({}, 4, 2, None), "qlo_v16_r128": ({}, 4, 2, 128), "qlo_v16_s3": ({}, 4, 3, None),

@@ -3,8 +3,8 @@
 A seeded request draws the token at position p from a generator seeded with
 `position_seed(seed, p)` alone (on CUDA, a row without top-k draws in kernels/sample.py or
 kernels/sample_temperature.py, whose Philox key is that seed), so a token does not depend on
-batch composition, on the request's
-earlier draws, or on which worker (prefill or decode) samples it.
+batch composition, on the request's earlier draws, or on which worker (prefill or decode)
+samples it.
 """
 
 from __future__ import annotations
