@@ -132,7 +132,7 @@ async def _tokens(worker: Worker, rid: str, start, router: Router, deadline: Dea
                 return
     except grpc.aio.AioRpcError as e:
         if e.code() == grpc.StatusCode.UNAVAILABLE:
-            router.suspect(worker)
+            router.suspect(worker, e)
         raise
 
 
@@ -155,7 +155,7 @@ async def _reserve(job: Job, router: Router, deadline: Deadline,
             except grpc.aio.AioRpcError as e:
                 decode.inflight -= 1
                 if e.code() == grpc.StatusCode.UNAVAILABLE:
-                    router.suspect(decode)
+                    router.suspect(decode, e)
                     tried.append(decode)
                 if e.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
                     raise

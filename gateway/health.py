@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 
 import grpc
 from grpc_health.v1 import health_pb2
@@ -16,12 +17,18 @@ log = logging.getLogger(__name__)
 
 
 class Monitor:
-    """Polls every worker each `period_s`: unhealthy ones leave the router, recovered ones come back."""
+    """Polls every worker each `period_s`: unhealthy ones leave the router, recovered ones come back.
+    A worker whose first check has not passed `warn_after_s` after the monitor began is logged once
+    as a WARNING with the latest failure (a worker that never comes up is not silent)."""
 
-    def __init__(self, router: Router, period_s: float = 0.5, timeout_s: float = 1.0) -> None:
+    def __init__(self, router: Router, period_s: float = 0.5, timeout_s: float = 1.0,
+                 warn_after_s: float = 30.0) -> None:
         self.router = router
         self.period_s = period_s
         self.timeout_s = timeout_s
+        self.warn_after_s = warn_after_s
+        self._began = time.monotonic()
+        self._warned: set[str] = set()  # addresses already reported as not ready
         self._task: asyncio.Task | None = None
         router.recheck = self.check_all
         for w in router.workers:  # unknown until a check passes: a request before it rechecks
@@ -55,10 +62,18 @@ class Monitor:
             ok = resp.status == health_pb2.HealthCheckResponse.SERVING
             if ok:
                 worker.stats = await worker.stub.GetStats(worker_pb2.StatsRequest(), timeout=self.timeout_s)
-        except grpc.aio.AioRpcError:
+            else:
+                worker.last_error = f"health check says {health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)}"
+        except grpc.aio.AioRpcError as e:
             ok = False
+            worker.last_error = f"health check failed: {e.code().name} {e.details()}"
+        waited = time.monotonic() - self._began
         if ok and first:
             log.info("worker %s is ready", worker.address)
+        elif first and waited >= self.warn_after_s and worker.address not in self._warned:
+            self._warned.add(worker.address)
+            log.warning("worker %s is not ready %.0f s after the gateway started (%s)", worker.address,
+                        waited, worker.last_error)
         elif ok != worker.healthy:
-            log.warning("worker %s is %s", worker.address, "back" if ok else "out (health check failed)")
+            log.warning("worker %s is %s", worker.address, "back" if ok else f"out ({worker.last_error})")
         worker.healthy = ok

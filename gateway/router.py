@@ -42,6 +42,7 @@ class Worker:
     pending_tokens: int = 0  # prompt tokens this gateway sent for prefill, not yet answered
     healthy: bool = True
     stats: worker_pb2.WorkerStats | None = None
+    last_error: str = "no health check yet"  # why the latest failed check failed (for logs and errors)
     order: int = field(default_factory=itertools.count().__next__)
     mux: TokenMux | None = None  # decode and colocated workers: their token stream
 
@@ -98,10 +99,14 @@ class Router:
         healthy = [w for w in pool if w.healthy]
         candidates = [w for w in healthy if w not in exclude] or healthy
         if not candidates:
-            raise NoWorker("no healthy worker available")
+            why = "; ".join(f"{w.address}: {w.last_error}" for w in pool)
+            raise NoWorker(f"no healthy {self._role(pool)} worker available ({why})")
         turn = next(self._turns[id(pool)])
         load = (lambda w: (w.prefill_load(),)) if pool is self.prefill else (lambda w: w.decode_load())
         return sorted(candidates, key=lambda w: (*load(w), (w.order - turn) % len(pool)))
+
+    def _role(self, pool: list[Worker]) -> str:
+        return "prefill" if pool is self.prefill else "decode" if pool is self.decode else "colocated"
 
     def pick(self, pool: list[Worker], exclude: tuple[Worker, ...] = ()) -> Worker:
         return self.ranked(pool, exclude)[0]
@@ -129,9 +134,10 @@ class Router:
             await self.recheck()
             return pick()
 
-    def suspect(self, worker: Worker) -> None:
+    def suspect(self, worker: Worker, error: grpc.aio.AioRpcError) -> None:
         """A call to worker failed as if it were gone: out until its health check passes again."""
         worker.healthy = False
+        worker.last_error = f"a call failed: {error.code().name} {error.details()}"
 
     async def close(self) -> None:
         for w in self.workers:
