@@ -31,6 +31,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds in-flight requests may take to finish after SIGTERM")
     p.add_argument("--health-period", type=float, default=0.5, help="seconds between worker health/stats polls")
+    p.add_argument("--health-warn-after", type=float, default=30.0,
+                   help="log a WARNING for each worker not ready this many seconds after the gateway starts")
     procs.add_args(p)
     return p
 
@@ -66,7 +68,7 @@ async def amain(args: argparse.Namespace) -> None:
     from pdserve import metrics, serving
 
     generation, router = build(args)
-    monitor = Monitor(router, period_s=args.health_period)
+    monitor = Monitor(router, period_s=args.health_period, warn_after_s=args.health_warn_after)
     monitor.start()
     shared = args.proc_index is not None  # one of --num-procs processes on the same ports
     server = serving.new_server(reuse_port=shared)
