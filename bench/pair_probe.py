@@ -1,0 +1,200 @@
+"""Probe (diagnostic, not served): fp8 paged decode attention that reads the cache as 16-bit
+pairs of e4m3 bytes (d = 2j in the low byte, 2j + 1 in the high one), so Triton moves the
+tiles from shared memory into the dot operands as it moves bf16 ones (ldmatrix), and splits
+each pair into two fp16 tiles (even d, odd d) with the hardware e4m3x2 -> f16x2 convert and two
+byte permutes. The head dim is split the same way: S = Q_even K_even^T + Q_odd K_odd^T, and
+O_even += P V_even, O_odd += P V_odd; the same MMA count as the served kernel's single dots.
+
+    PYTHONPATH=DIR_WITH_TRITON_3.6:. python bench/pair_probe.py --sass     # offline sm_90 SASS
+    python bench/pair_probe.py [--out FILE]                                 # GPU: check + time
+
+The GPU run also times both kernels over pages that stay in L2 (every sequence's table names
+sequence 0's pages, as bench/l2_floor.py does): the compute floor, which an H100 measures
+for an H200 too (same SM).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _e4m3_pairs(x):
+    """uint16 pairs of e4m3 bytes -> (fp16 of the low bytes, fp16 of the high bytes), exact."""
+    return tl.inline_asm_elementwise(
+        asm="""{
+        .reg .b16 l, h;
+        .reg .b32 a, b;
+        mov.b32 {l, h}, $2;
+        cvt.rn.f16x2.e4m3x2 a, l;
+        cvt.rn.f16x2.e4m3x2 b, h;
+        prmt.b32 $0, a, b, 0x5410;
+        prmt.b32 $1, a, b, 0x7632;
+        }""",
+        constraints="=r,=r,r", args=[x], dtype=(tl.float16, tl.float16), is_pure=True, pack=2)
+
+
+@triton.jit
+def _pair_kernel(
+    q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_ptr, lens_ptr, out_ptr,
+    stride_qb, stride_qh, stride_cn, stride_ch, stride_cs, stride_sn, stride_sh, stride_ss, stride_bt,
+    stride_ob, stride_oh, scale_log2,
+    G: tl.constexpr, G_PAD: tl.constexpr, S: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
+    V_PAIRS: tl.constexpr,
+):
+    """Cache strides in pairs (bytes / 2); V_PAIRS False: V through Triton's own convert."""
+    kvh = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    seq_len = tl.load(lens_ptr + b)
+    g = tl.arange(0, G_PAD)
+    j = tl.arange(0, D // 2)
+    rows = q_ptr + b * stride_qb + (kvh * G + g)[:, None] * stride_qh + 2 * j[None, :]
+    gm = (g < G)[:, None]
+    qe = tl.load(rows, mask=gm, other=0.0).to(tl.float16)
+    qo = tl.load(rows + 1, mask=gm, other=0.0).to(tl.float16)
+    k2 = kc_ptr.to(tl.pointer_type(tl.uint16))
+    v2 = vc_ptr.to(tl.pointer_type(tl.uint16))
+    m_i = tl.full([G_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([G_PAD], tl.float32)
+    acc_e = tl.zeros([G_PAD, D // 2], tl.float32)
+    acc_o = tl.zeros([G_PAD, D // 2], tl.float32)
+    bt_row = bt_ptr + b * stride_bt
+    last_page = tl.maximum(seq_len - 1, 0) // S
+    for t0 in range(0, seq_len, BLOCK_N):
+        t = t0 + tl.arange(0, BLOCK_N)
+        tmask = t < seq_len
+        page = tl.load(bt_row + tl.minimum(t // S, last_page)).to(tl.int64)
+        slot = (t % S).to(tl.int64)
+        tok = page * stride_cn + kvh * stride_ch + slot * stride_cs
+        sc = page * stride_sn + kvh * stride_sh + slot * stride_ss
+        ke, ko = _e4m3_pairs(tl.load(k2 + tok[None, :] + j[:, None]))
+        s = tl.dot(qo, ko, tl.dot(qe, ke))
+        s = s * (tl.load(ks_ptr + sc) * scale_log2)[None, :]
+        s = tl.where(tmask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        vs = tl.where(tmask, tl.load(vs_ptr + sc), 0.0)
+        pv = (p * (vs * 256.0)[None, :]).to(tl.float16)  # x256: small probabilities stay normal
+        vv = tl.load(v2 + tok[:, None] + j[None, :])
+        if V_PAIRS:
+            ve, vo = _e4m3_pairs(vv)
+        else:
+            ve = (vv & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+            vo = (vv >> 8).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+        acc_e = acc_e * alpha[:, None] + tl.dot(pv, ve)
+        acc_o = acc_o * alpha[:, None] + tl.dot(pv, vo)
+        m_i = m_new
+    den = (tl.where(l_i > 0, l_i, 1.0) * 256.0)[:, None]
+    dst = out_ptr + b * stride_ob + (kvh * G + g)[:, None] * stride_oh + 2 * j[None, :]
+    tl.store(dst, (acc_e / den).to(out_ptr.dtype.element_ty), mask=gm)
+    tl.store(dst + 1, (acc_o / den).to(out_ptr.dtype.element_ty), mask=gm)
+
+
+CONSTS = dict(G=4, G_PAD=16, S=16, D=128, BLOCK_N=128, V_PAIRS=True)
+PTRS = {"q_ptr": "*bf16", "kc_ptr": "*fp8e4nv", "vc_ptr": "*fp8e4nv", "ks_ptr": "*fp32", "vs_ptr": "*fp32",
+        "bt_ptr": "*i32", "lens_ptr": "*i32", "out_ptr": "*bf16"}
+
+
+def offline(variants: dict[str, dict]) -> None:
+    from sass_offline import report, sass
+
+    for name, extra in variants.items():
+        report(name, sass(_pair_kernel, PTRS, {**CONSTS, **extra.get("c", {})}, num_warps=extra.get("w", 4),
+                          num_stages=extra.get("st", 2)), top=40)
+
+
+def run(q, kc, vc, ks, vs, bt, lens, consts: dict, warps: int, stages: int, maxnreg: int | None = None
+        ) -> torch.Tensor:
+    """q [B, H, D] bf16; kc/vc [P, S, Hk, D] fp8 and ks/vs [P, S, Hk] fp32: kv_quant's layer views."""
+    B, H, D = q.shape
+    hk = kc.shape[2]
+    assert all(s % 2 == 0 for s in kc.stride()[:3]) and kc.stride() == vc.stride() and kc.data_ptr() % 4 == 0
+    out = torch.empty_like(q)
+    c = {**CONSTS, **consts, "G": H // hk, "S": kc.shape[1], "D": D}
+    extra = {"maxnreg": maxnreg} if maxnreg else {}
+    _pair_kernel[(hk, B)](q, kc, vc, ks, vs, bt, lens, out, q.stride(0), q.stride(1), kc.stride(0) // 2,
+                          kc.stride(2) // 2, kc.stride(1) // 2, ks.stride(0), ks.stride(2), ks.stride(1),
+                          bt.stride(0), out.stride(0), out.stride(1), D ** -0.5 * 1.4426950408889634,
+                          num_warps=warps, num_stages=stages, **extra, **c)
+    return out
+
+
+def gpu(args) -> dict:
+    sys.path.insert(0, "bench")
+    from kernel_bench import quant_paged
+
+    from pdserve.kernels import reference
+    from pdserve.kernels.decode_attention import paged_decode_attention
+
+    torch.manual_seed(0)
+    B, H, D, ctx = args.batch, 32, 128, args.ctx
+    kc, vc, ks, vs, bt = quant_paged(B, ctx, "fp8_e4m3")
+    ks.uniform_(0.001, 0.02)  # random bytes make wild scales; realistic ones keep softmax soft
+    vs.uniform_(0.001, 0.02)
+    lens = torch.full((B,), ctx, device="cuda", dtype=torch.int32)
+    q = torch.randn(B, H, D, device="cuda", dtype=torch.bfloat16)
+    shared = bt[:1].expand(B, -1).contiguous()  # every sequence reads sequence 0's pages: L2
+    res: dict = {"batch": B, "ctx": ctx, "gpu": torch.cuda.get_device_name(), "kv_bytes": kc.numel() * 2 + ks.numel() * 8}
+    chk = slice(0, 4)
+    ref = reference.paged_decode_attention(q[chk], kc, vc, bt[chk], lens[chk], D ** -0.5, ks, vs)
+    calls = {"ours": lambda t=bt: paged_decode_attention(q, kc, vc, t, lens, D ** -0.5, ks, vs)}
+    for name, (consts, warps, stages, reg) in {
+        "pairs": ({}, 4, 2, None), "pairs_r128": ({}, 4, 2, 128), "pairs_s3": ({}, 4, 3, None),
+        "pairs_r128_s3": ({}, 4, 3, 128), "pairs_n64": ({"BLOCK_N": 64}, 4, 2, None),
+        "pairs_w8": ({}, 8, 2, None), "k_pairs_v_cvt": ({"V_PAIRS": False}, 4, 2, None),
+    }.items():
+        calls[name] = lambda t=bt, c=consts, w=warps, st=stages, r=reg: run(q, kc, vc, ks, vs, t, lens, c, w, st, r)
+    ok = {}
+    for name, fn in calls.items():
+        try:
+            out = fn()
+            torch.cuda.synchronize()
+            ok[name] = fn
+            res[name] = {"max_err": (out[chk].float() - ref.float()).abs().max().item(),
+                         "ref_max": ref.float().abs().max().item()}
+        except Exception as e:  # a variant that does not compile is a result too
+            res[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+    times: dict[str, list[float]] = {n: [] for n in ok}
+    floor: dict[str, list[float]] = {n: [] for n in ok}
+    for _ in range(args.rounds):  # interleaved rounds
+        for name, fn in ok.items():
+            times[name].append(triton.testing.do_bench(fn, warmup=10, rep=60))
+            floor[name].append(triton.testing.do_bench(lambda f=fn: f(shared), warmup=10, rep=60))
+    for name in ok:
+        ms, l2 = statistics.median(times[name]), statistics.median(floor[name])
+        res[name].update(ms=ms, ms_rounds=times[name], GBps=res["kv_bytes"] / ms / 1e6, l2_ms=l2,
+                         l2_ms_rounds=floor[name], over_ours=statistics.median(times["ours"]) / ms,
+                         l2_over_ours=statistics.median(floor["ours"]) / l2)
+    for name in calls:
+        print(name, json.dumps({k: v for k, v in res[name].items() if not k.endswith("rounds")}), flush=True)
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sass", action="store_true")
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    if args.sass:
+        offline({"pairs": {}, "K pairs, V by Triton's convert": {"c": {"V_PAIRS": False}},
+                 "pairs, 64-token tiles": {"c": {"BLOCK_N": 64}}, "pairs, 8 warps": {"w": 8}})
+        return
+    res = gpu(args)
+    if args.out:
+        json.dump(res, open(args.out, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
