@@ -8,7 +8,8 @@ O_even += P V_even, O_odd += P V_odd; the same MMA count as the served kernel's 
     PYTHONPATH=DIR_WITH_TRITON_3.6:. python bench/pair_probe.py --sass     # offline sm_90 SASS
     python bench/pair_probe.py [--out FILE]                                 # GPU: check + time
 
-The GPU run also times both kernels over pages that stay in L2 (every sequence's table names
+The GPU run also times the served kernel with pairs (the default since 2026-12-07) and
+without ("old"), and all of them over pages that stay in L2 (every sequence's table names
 sequence 0's pages, as bench/l2_floor.py does): the compute floor, which an H100 measures
 for an H200 too (same SM).
 """
@@ -133,7 +134,7 @@ def gpu(args) -> dict:
     from kernel_bench import quant_paged
 
     from pdserve.kernels import reference
-    from pdserve.kernels.decode_attention import paged_decode_attention
+    from pdserve.kernels.decode_attention import decode_with_partitions, default_partition_size
 
     torch.manual_seed(0)
     B, H, D, ctx = args.batch, 32, 128, args.ctx
@@ -146,11 +147,14 @@ def gpu(args) -> dict:
     res: dict = {"batch": B, "ctx": ctx, "gpu": torch.cuda.get_device_name(), "kv_bytes": kc.numel() * 2 + ks.numel() * 8}
     chk = slice(0, 4)
     ref = reference.paged_decode_attention(q[chk], kc, vc, bt[chk], lens[chk], D ** -0.5, ks, vs)
-    calls = {"ours": lambda t=bt: paged_decode_attention(q, kc, vc, t, lens, D ** -0.5, ks, vs)}
+    part = default_partition_size(B, kc.shape[2], bt.shape[1] * kc.shape[1], q.device)
+    calls = {}  # "old": the served kernel before pairs; "ours": the served kernel (pairs)
+    for name, kw in {"ours": {}, "old": dict(pairs=False), "ours_s3": dict(num_stages=3),
+                     "ours_uncapped": dict(max_registers=0), "ours_uncapped_s3": dict(max_registers=0, num_stages=3),
+                     "ours_n64": dict(block_n=64)}.items():
+        calls[name] = lambda t=bt, kw=kw: decode_with_partitions(q, kc, vc, t, lens, D ** -0.5, part, ks, vs, **kw)
     for name, (consts, warps, stages, reg) in {
-        "pairs": ({}, 4, 2, None), "pairs_r128": ({}, 4, 2, 128), "pairs_s3": ({}, 4, 3, None),
-        "pairs_r128_s3": ({}, 4, 3, 128), "pairs_n64": ({"BLOCK_N": 64}, 4, 2, None),
-        "pairs_w8": ({}, 8, 2, None), "k_pairs_v_cvt": ({"V_PAIRS": False}, 4, 2, None),
+        "probe": ({}, 4, 2, None), "probe_r128": ({}, 4, 2, 128), "probe_k_pairs_v_cvt": ({"V_PAIRS": False}, 4, 2, None),
     }.items():
         calls[name] = lambda t=bt, c=consts, w=warps, st=stages, r=reg: run(q, kc, vc, ks, vs, t, lens, c, w, st, r)
     ok = {}

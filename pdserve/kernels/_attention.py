@@ -67,7 +67,12 @@ def fp8_bits_to_fp16_int(x):
     comes out exactly 2^-8 of the true one (upcast_gain undoes it); NaN codes become finite,
     but quantized writes never store them. Integer ops, one element at a time (what the
     interpreter runs); fp8_bits_to_fp16_ptx is the same on GPUs."""
-    u = x.to(tl.uint8, bitcast=True).to(tl.uint16)
+    return _e4m3_fields(x.to(tl.uint8, bitcast=True).to(tl.uint16))
+
+
+@triton.jit
+def _e4m3_fields(u):
+    """fp8_bits_to_fp16_int of e4m3 bytes held in uint16 u (< 256)."""
     return (((u & 0x80) << 8) | ((u & 0x7F) << 7)).to(tl.float16, bitcast=True)
 
 
@@ -91,6 +96,35 @@ def fp8_bits_to_fp16_ptx(x):
         }""",
         constraints="=r,=r,r", args=[x.to(tl.uint8, bitcast=True)], dtype=tl.float16,
         is_pure=True, pack=4)
+
+
+@triton.jit
+def e4m3_pairs(x, DOT_F32: tl.constexpr):
+    """uint16 pairs of e4m3 bytes (little-endian: the low byte is the even element) -> (the low
+    bytes, the high bytes) as fp16, exactly: per pair of pairs, the hardware convert
+    (cvt.rn.f16x2.e4m3x2) twice and two byte permutes. Each output element depends on its own
+    input element only, so Triton may place it in any layout (it runs it after the 16-bit
+    tile's ldmatrix, in the dot operand's layout). NaN codes become NaN, as the hardware
+    makes them. The interpreter moves the fields with integer ops (fp32 out, exact: see
+    fp8_bits_to_fp16_int)."""
+    if DOT_F32:
+        u = x.to(tl.uint16, bitcast=True)
+        lo, hi = u & 0xFF, u >> 8
+        lo_f = tl.where((lo & 0x7F) == 0x7F, float("nan"), _e4m3_fields(lo).to(tl.float32) * 256.0)
+        hi_f = tl.where((hi & 0x7F) == 0x7F, float("nan"), _e4m3_fields(hi).to(tl.float32) * 256.0)
+        return lo_f, hi_f
+    else:
+        return tl.inline_asm_elementwise(
+            asm="""{
+            .reg .b16 l, h;
+            .reg .b32 a, b;
+            mov.b32 {l, h}, $2;
+            cvt.rn.f16x2.e4m3x2 a, l;
+            cvt.rn.f16x2.e4m3x2 b, h;
+            prmt.b32 $0, a, b, 0x5410;
+            prmt.b32 $1, a, b, 0x7632;
+            }""",
+            constraints="=r,=r,r", args=[x], dtype=(tl.float16, tl.float16), is_pure=True, pack=2)
 
 
 @triton.jit
@@ -118,6 +152,17 @@ def upcast_gain(x):
         return 256.0
     else:
         return 1.0
+
+
+@triton.jit
+def online_softmax(s, m_i, l_i):
+    """One step of the online softmax over scores s [M, N] (log2 domain): the new running max,
+    the factor that rescales what was accumulated so far, the tile's probabilities and the new
+    running denominator."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    return m_new, alpha, p, l_i * alpha + tl.sum(p, 1)
 
 
 @triton.jit
@@ -167,10 +212,7 @@ def attend_tile(
         s = mm(q, k, PRECISION, DOT_F32) * scale_log2
     if MASK_T != 0:
         s = tl.where(valid, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
+    m_new, alpha, p, l_i = online_softmax(s, m_i, l_i)
     if (MASK_T == 1) and MASK_D:
         vmask = tmask[:, None] & dmask[None, :]
     elif (MASK_T == 1):
@@ -188,3 +230,44 @@ def attend_tile(
         pv = p * (vs * v_gain)[None, :]
     acc = acc * alpha[:, None] + mm(pv.to(v.dtype), v, PRECISION, DOT_F32)
     return m_new, l_i, acc
+
+
+PAIR_PV_GAIN = tl.constexpr(256.0)  # attend_pairs' P V products are this many times too large
+
+
+@triton.jit
+def attend_pairs(
+    qe, qo, kc2, vc2, tok_off, head_off, dmask, tmask, m_i, l_i, acc_e, acc_o, scale_log2,
+    PRECISION: tl.constexpr, DOT_F32: tl.constexpr, ks_ptr, vs_ptr, sc_off, MASK_T: tl.constexpr,
+    MASK_D: tl.constexpr,
+):
+    """attend_tile (quantized) over an fp8 e4m3 cache read as 16-bit pairs of bytes: kc2/vc2
+    are the caches' pointers as uint16, tok_off/head_off offsets in pairs, dmask which pairs
+    are inside the head. The head dim is split in even and odd elements: scores are
+    qe @ K_even + qo @ K_odd, and acc_e/acc_o [M, D/2] accumulate P @ V_even and P @ V_odd,
+    PAIR_PV_GAIN times too large (P V is rounded to fp16 scaled up, so small probabilities
+    stay normal; the caller divides). MASK_T 0: every token is valid; 1: loads masked by tmask
+    (zeros: the hardware convert turns NaN codes into NaN, which a zero probability would
+    not cancel in P @ V, so attend_tile's unmasked MASK_T 2 is not offered). Why: 16-bit tiles
+    move from shared memory into the dot operands by ldmatrix, as bf16 ones do, and split
+    into fp16 with the hardware convert (see e4m3_pairs), where a byte tile goes through
+    byte loads and permutes (sm_90 SASS per 128-token tile: 865 instructions against
+    attend_tile's 1,350, bench/pair_probe.py)."""
+    if MASK_T == 1:
+        ld_k, ld_v = dmask[:, None] & tmask[None, :], tmask[:, None] & dmask[None, :]
+    else:
+        ld_k, ld_v = dmask[:, None], dmask[None, :]
+    masked: tl.constexpr = (MASK_T == 1) or MASK_D
+    ke, ko = e4m3_pairs(_ld(kc2 + tok_off[None, :] + head_off[:, None], ld_k, masked), DOT_F32)
+    s = mm(qe, ke, PRECISION, DOT_F32) + mm(qo, ko, PRECISION, DOT_F32)
+    s = s * (_ld(ks_ptr + sc_off, tmask, MASK_T == 1) * scale_log2)[None, :]
+    if MASK_T == 1:
+        s = tl.where(tmask[None, :], s, float("-inf"))
+    m_new, alpha, p, l_i = online_softmax(s, m_i, l_i)
+    pv = p * (_ld(vs_ptr + sc_off, tmask, MASK_T == 1) * PAIR_PV_GAIN)[None, :]
+    if not DOT_F32:
+        pv = pv.to(tl.float16)
+    ve, vo = e4m3_pairs(_ld(vc2 + tok_off[:, None] + head_off[None, :], ld_v, masked), DOT_F32)
+    acc_e = acc_e * alpha[:, None] + mm(pv, ve, PRECISION, DOT_F32)
+    acc_o = acc_o * alpha[:, None] + mm(pv, vo, PRECISION, DOT_F32)
+    return m_new, l_i, acc_e, acc_o

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pdserve.kernels._attention import attend_tile, paged_offsets, query_for
+from pdserve.kernels._attention import PAIR_PV_GAIN, attend_pairs, attend_tile, paged_offsets, query_for
 from pdserve.kernels._common import check_attention_inputs, check_device, check_dim, check_dtype
 from pdserve.kernels._common import check_scales
 from pdserve.kernels._common import dot_precision, interpreting, next_pow2, num_sms
@@ -70,6 +70,23 @@ def _attend_from(
 
 
 @triton.jit
+def _attend_pairs_from(
+    t0, end, qe, qo, kc2, vc2, ks_ptr, vs_ptr, bt_row, head_off, dmask, kvh,
+    m_i, l_i, acc_e, acc_o, stride_cn2, stride_cs2, stride_sn, stride_ss, stride_sh, scale_log2,
+    S: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, DOT_F32: tl.constexpr,
+    MASK_T: tl.constexpr, MASK_D: tl.constexpr,
+):
+    """attend_pairs over the BLOCK_N tokens from t0 (those before `end` valid) of one sequence
+    (cache strides and head_off in pairs)."""
+    t = t0 + tl.arange(0, BLOCK_N)
+    tmask = t < end
+    tok_off, sc_off = paged_offsets(bt_row, t, tmask, stride_cn2, stride_cs2, kvh, stride_sn,
+                                    stride_ss, stride_sh, S, True, MASK_T)
+    return attend_pairs(qe, qo, kc2, vc2, tok_off, head_off, dmask, tmask, m_i, l_i, acc_e, acc_o,
+                        scale_log2, PRECISION, DOT_F32, ks_ptr, vs_ptr, sc_off, MASK_T, MASK_D)
+
+
+@triton.jit
 def _rotate_and_write(
     q_ptr, kn_ptr, vn_ptr, pos_ptr, cs_ptr, slot_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, b, kvh, writes,
     stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cos,
@@ -114,7 +131,7 @@ def _decode_kernel(
     D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
     PRECISION: tl.constexpr, DOT_F32: tl.constexpr, QUANT: tl.constexpr,
     EVEN_D: tl.constexpr, TILES: tl.constexpr, HEADS_FIRST: tl.constexpr, K_CVT: tl.constexpr,
-    ROPE: tl.constexpr = False, HALF: tl.constexpr = 1, QMAX: tl.constexpr = 1.0,
+    PAIRS: tl.constexpr = False, ROPE: tl.constexpr = False, HALF: tl.constexpr = 1, QMAX: tl.constexpr = 1.0,
     IS_INT: tl.constexpr = False,
 ):
     """Programs (KV head, sequence, partition) or (sequence, KV head, partition). ROPE: q, kn
@@ -157,7 +174,27 @@ def _decode_kernel(
     bt_row = bt_ptr + b * stride_bt
     head_off = kvh * stride_ch + d
     last_page = tl.maximum(seq_len - 1, 0) // S
-    if TILES == 2:  # quantized: one loop, unmasked loads (see attend_tile's MASK_T 2)
+    if PAIRS:  # fp8 e4m3 read as byte pairs, the head dim split in even and odd elements
+        qe, qo = tl.split(tl.reshape(q, [G_PAD, D_PAD // 2, 2]))
+        acc_e = tl.zeros([G_PAD, D_PAD // 2], tl.float32)
+        acc_o = tl.zeros([G_PAD, D_PAD // 2], tl.float32)
+        j = tl.arange(0, D_PAD // 2)
+        kc2 = kc_ptr.to(tl.pointer_type(tl.uint16))
+        vc2 = vc_ptr.to(tl.pointer_type(tl.uint16))
+        head_off2 = kvh * (stride_ch // 2) + j
+        full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
+        for t0 in range(start, full_end, BLOCK_N):
+            m_i, l_i, acc_e, acc_o = _attend_pairs_from(
+                t0, end, qe, qo, kc2, vc2, ks_ptr, vs_ptr, bt_row, head_off2, 2 * j < head_dim, kvh, m_i, l_i,
+                acc_e, acc_o, stride_cn // 2, stride_cs // 2, stride_sn, stride_ss, stride_sh, scale_log2,
+                S, BLOCK_N, PRECISION, DOT_F32, 0, not EVEN_D)
+        if full_end < end:
+            m_i, l_i, acc_e, acc_o = _attend_pairs_from(
+                full_end, end, qe, qo, kc2, vc2, ks_ptr, vs_ptr, bt_row, head_off2, 2 * j < head_dim, kvh, m_i,
+                l_i, acc_e, acc_o, stride_cn // 2, stride_cs // 2, stride_sn, stride_ss, stride_sh, scale_log2,
+                S, BLOCK_N, PRECISION, DOT_F32, 1, not EVEN_D)
+        acc = tl.reshape(tl.join(acc_e, acc_o), [G_PAD, D_PAD]) * (1.0 / PAIR_PV_GAIN)
+    elif TILES == 2:  # quantized: one loop, unmasked loads (see attend_tile's MASK_T 2)
         for t0 in range(start, end, BLOCK_N):
             m_i, l_i, acc = _attend_from(
                 t0, end, last_page, q, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_row, head_off, dmask, kvh,
@@ -224,6 +261,15 @@ def partition_for(batch: int, kv_heads: int, max_context: int, sms: int) -> int:
     return part
 
 
+def pairs_apply(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """Whether caches [N, S, Hk, D] can be read as 16-bit pairs of bytes: one-byte elements, an
+    even head dim of at least 32 (the split halves feed dots of >= 16), even strides, addresses
+    and storage offsets."""
+    return all(c.element_size() == 1 and c.shape[-1] % 2 == 0 and c.shape[-1] >= 32 and c.stride(-1) == 1
+               and all(st % 2 == 0 for st in c.stride()[:-1]) and c.data_ptr() % 2 == 0
+               for c in (k_cache, v_cache))
+
+
 def paged_decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -270,6 +316,7 @@ def decode_with_partitions(
     heads_first: bool = True,
     max_registers: int | None = None,
     k_convert: bool | None = None,
+    pairs: bool | None = None,
     rope: RopeWrite | None = None,
 ) -> torch.Tensor:
     """paged_decode_attention with an explicit split-K partition size (power of two >= 16):
@@ -285,15 +332,22 @@ def decode_with_partitions(
     max_registers caps the registers per thread (ptxas -maxnreg; more programs fit an SM).
     k_convert (default: bf16/fp16 queries over fp8 caches): K tiles reach the score dot
     through Triton's convert (see attend_tile's K_CVT); False upcasts them with PTX bit moves
-    (the kernel before 2026-12-04, kept to measure against). rope: q is unrotated and the
-    kernel also does rotary_write_kv's work (see decode_rotary_attention)."""
+    (the kernel before 2026-12-04, kept to measure against). pairs (default: wherever it
+    applies, see pairs_apply): the fp8 cache is read as 16-bit pairs of bytes (see
+    attend_pairs), and k_convert and tiles are moot. rope: q is unrotated and the kernel also does
+    rotary_write_kv's work (see decode_rotary_attention)."""
     quant = check_scales(k_cache, k_scale, v_scale)
+    fp8_q16 = quant and k_cache.dtype == torch.float8_e4m3fn and q.dtype != torch.float32
     if k_convert is None:
-        k_convert = quant and k_cache.dtype == torch.float8_e4m3fn and q.dtype != torch.float32
-    assert not k_convert or (k_cache.dtype == torch.float8_e4m3fn and q.dtype != torch.float32), (
-        "k_convert needs an fp8 e4m3 cache and bf16/fp16 queries")
+        k_convert = fp8_q16
+    assert not k_convert or fp8_q16, "k_convert needs an fp8 e4m3 cache and bf16/fp16 queries"
     group, d = check_attention_inputs(q, k_cache, v_cache, block_tables, quant)
     tiles = tiles or ("soft" if quant else "tail")
+    can_pair = fp8_q16 and pairs_apply(k_cache, v_cache)
+    if pairs is None:
+        pairs = can_pair
+    assert not pairs or can_pair, ("pairs needs an fp8 e4m3 cache with an even head dim >= 32, even strides "
+                                   "and addresses, and bf16/fp16 queries")
     if max_registers is None and quant:  # 138 -> 128 registers: 4 programs per SM instead of 3;
         max_registers = 128  # fp8 at 256 / 64 x 4k 0.756 / 0.209 ms vs 0.818 / 0.246 uncapped,
         # stages 2 (3 was best uncapped) (bench/results/fp8-probe-h200-2026-12-04-s9.log)
@@ -343,7 +397,7 @@ def decode_with_partitions(
         G=group, G_PAD=max(16, next_pow2(group)), S=s, D_PAD=d_pad,
         BLOCK_N=min(block_n, partition_size), SPLIT=split,
         PRECISION=dot_precision(q.dtype), DOT_F32=interpreting(), QUANT=quant,
-        EVEN_D=d_pad == d, TILES=_TILES[tiles], HEADS_FIRST=heads_first, K_CVT=k_convert,
+        EVEN_D=d_pad == d, TILES=_TILES[tiles], HEADS_FIRST=heads_first, K_CVT=k_convert, PAIRS=pairs,
         **rope_consts, num_warps=num_warps, num_stages=num_stages,
         **({"maxnreg": max_registers} if max_registers and not interpreting() else {}),
     )

@@ -97,11 +97,12 @@ def test_prefill_quantized_matches_reference(qdtype, dtype) -> None:
     assert_close(out, ref)
 
 
-@pytest.mark.parametrize("k_convert", [False, True])
-def test_quantized_attention_close_to_full_precision(k_convert: bool) -> None:
+@pytest.mark.parametrize("path", [dict(k_convert=False, pairs=False), dict(k_convert=True, pairs=False),
+                                  dict(pairs=True)], ids=["bit-moves", "convert", "pairs"])
+def test_quantized_attention_close_to_full_precision(path: dict) -> None:
     """fp8 KV attention equals bf16 attention over the same dequantized values up to the order
-    of operations, with K upcast by bit moves (k_convert=False) or by Triton's convert (the
-    default; the interpreter takes the bit moves either way)."""
+    of operations, with K upcast by bit moves (k_convert=False), by Triton's convert (the
+    interpreter takes the bit moves either way), or the cache read as byte pairs (the default)."""
     d, lens_list = 64, [50, 100]
     pool, kv = _quant_pool(torch.float8_e4m3fn, d)
     full_k = reference.dequantize_cache(kv.k, kv.k_scale) + 0.0
@@ -109,8 +110,7 @@ def test_quantized_attention_close_to_full_precision(k_convert: bool) -> None:
     tables = make_block_tables(lens_list, BLOCK, NBLOCKS, width=8)
     lens = torch.tensor(lens_list, dtype=torch.int32, device=DEVICE)
     q = (torch.randn(2, HK * 2, d, device=DEVICE) * 2).to(torch.bfloat16)
-    out = decode_with_partitions(q, kv.k, kv.v, tables, lens, 0.125, 256, kv.k_scale, kv.v_scale,
-                                 k_convert=k_convert)
+    out = decode_with_partitions(q, kv.k, kv.v, tables, lens, 0.125, 256, kv.k_scale, kv.v_scale, **path)
     assert_close(out, reference.paged_decode_attention(q, full_k, full_v, tables, lens, 0.125))
 
 
@@ -126,11 +126,14 @@ def test_scales_must_come_in_pairs() -> None:
 
 
 @pytest.mark.parametrize("qdtype", QDTYPES)
-@pytest.mark.parametrize("tiles", ["masked", "tail", "soft"])
+@pytest.mark.parametrize("tiles", ["masked", "tail", "soft", "pairs"])
 @pytest.mark.parametrize("partition", [16, 64])
 def test_decode_quantized_wide_table_odd_head_dim(qdtype, tiles, partition) -> None:
     """A table wider than any sequence (most partitions empty, the rest split evenly in whole
-    tiles: full unmasked tiles and a masked tail) and a head dim that is no power of two."""
+    tiles: full unmasked tiles and a masked tail) and a head dim that is no power of two; the
+    fp8 cache read as bytes (tiles="masked", "tail", "soft") or as byte pairs ("pairs")."""
+    if tiles == "pairs" and qdtype != torch.float8_e4m3fn:
+        pytest.skip("byte pairs are read from fp8 e4m3 caches only")
     lens_list, d, group = [3, 70, 129], 80, 2
     _, kv = _quant_pool(qdtype, d)
     tables = make_block_tables(lens_list, BLOCK, NBLOCKS, width=NBLOCKS)
@@ -145,6 +148,18 @@ def test_decode_quantized_wide_table_odd_head_dim(qdtype, tiles, partition) -> N
     kv.k_scale[~used] = float("inf")
     kv.v_scale[~used] = float("nan")
     q = torch.randn(len(lens_list), HK * group, d, dtype=torch.bfloat16, device=DEVICE)
-    out = decode_with_partitions(q, kv.k, kv.v, tables, lens, 0.1, partition, kv.k_scale, kv.v_scale,
-                                 tiles=tiles)
+    how = dict(pairs=True) if tiles == "pairs" else dict(tiles=tiles, pairs=False)
+    out = decode_with_partitions(q, kv.k, kv.v, tables, lens, 0.1, partition, kv.k_scale, kv.v_scale, **how)
     assert_close(out, reference.paged_decode_attention(q, kv.k, kv.v, tables, lens, 0.1, kv.k_scale, kv.v_scale))
+
+
+def test_pairs_refused_where_they_do_not_apply() -> None:
+    """pairs=True over a head dim of 16, an int8 cache or float32 queries: a clear error."""
+    tables = torch.zeros(1, 1, dtype=torch.int32, device=DEVICE)
+    lens = torch.ones(1, dtype=torch.int32, device=DEVICE)
+    for qdtype, d, dtype in ((torch.float8_e4m3fn, 16, torch.bfloat16), (torch.int8, 64, torch.bfloat16),
+                             (torch.float8_e4m3fn, 64, torch.float32)):
+        _, kv = _quant_pool(qdtype, d)
+        q = torch.randn(1, HK, d, dtype=dtype, device=DEVICE)
+        with pytest.raises(AssertionError, match="pairs needs an fp8 e4m3 cache"):
+            decode_with_partitions(q, kv.k, kv.v, tables, lens, 0.1, 16, kv.k_scale, kv.v_scale, pairs=True)
