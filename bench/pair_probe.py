@@ -1,9 +1,10 @@
 """Probe (diagnostic, not served): fp8 paged decode attention that reads the cache as 16-bit
 pairs of e4m3 bytes (d = 2j in the low byte, 2j + 1 in the high one), so Triton moves the
 tiles from shared memory into the dot operands as it moves bf16 ones (ldmatrix), and splits
-each pair into two fp16 tiles (even d, odd d) with the hardware e4m3x2 -> f16x2 convert and two
-byte permutes. The head dim is split the same way: S = Q_even K_even^T + Q_odd K_odd^T, and
-O_even += P V_even, O_odd += P V_odd; the same MMA count as the served kernel's single dots.
+each pair into two fp16 tiles (even d, odd d) with the hardware e4m3x2 -> f16x2 convert
+(`pdserve.kernels._attention.e4m3_pairs`, which the served kernel took from this probe). The
+head dim is split the same way: S = Q_even K_even^T + Q_odd K_odd^T, and O_even += P V_even,
+O_odd += P V_odd; the same MMA count as single dots over the whole head.
 
     PYTHONPATH=DIR_WITH_TRITON_3.6:. python bench/pair_probe.py --sass     # offline sm_90 SASS
     python bench/pair_probe.py [--out FILE]                                 # GPU: check + time
@@ -25,21 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-
-@triton.jit
-def _e4m3_pairs(x):
-    """uint16 pairs of e4m3 bytes -> (fp16 of the low bytes, fp16 of the high bytes), exact."""
-    return tl.inline_asm_elementwise(
-        asm="""{
-        .reg .b16 l, h;
-        .reg .b32 a, b;
-        mov.b32 {l, h}, $2;
-        cvt.rn.f16x2.e4m3x2 a, l;
-        cvt.rn.f16x2.e4m3x2 b, h;
-        prmt.b32 $0, a, b, 0x5410;
-        prmt.b32 $1, a, b, 0x7632;
-        }""",
-        constraints="=r,=r,r", args=[x], dtype=(tl.float16, tl.float16), is_pure=True, pack=2)
+from pdserve.kernels._attention import e4m3_pairs
 
 
 @triton.jit
@@ -75,7 +62,7 @@ def _pair_kernel(
         slot = (t % S).to(tl.int64)
         tok = page * stride_cn + kvh * stride_ch + slot * stride_cs
         sc = page * stride_sn + kvh * stride_sh + slot * stride_ss
-        ke, ko = _e4m3_pairs(tl.load(k2 + tok[None, :] + j[:, None]))
+        ke, ko = e4m3_pairs(tl.load(k2 + tok[None, :] + j[:, None]), False)
         s = tl.dot(qo, ko, tl.dot(qe, ke))
         s = s * (tl.load(ks_ptr + sc) * scale_log2)[None, :]
         s = tl.where(tmask[None, :], s, float("-inf"))
@@ -87,7 +74,7 @@ def _pair_kernel(
         pv = (p * (vs * 256.0)[None, :]).to(tl.float16)  # x256: small probabilities stay normal
         vv = tl.load(v2 + tok[:, None] + j[None, :])
         if V_PAIRS:
-            ve, vo = _e4m3_pairs(vv)
+            ve, vo = e4m3_pairs(vv, False)
         else:
             ve = (vv & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
             vo = (vv >> 8).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
