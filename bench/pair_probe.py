@@ -118,7 +118,7 @@ def run(q, kc, vc, ks, vs, bt, lens, consts: dict, warps: int, stages: int, maxn
 
 def gpu(args) -> dict:
     sys.path.insert(0, "bench")
-    from kernel_bench import quant_paged
+    from kernel_bench import _paged, quant_paged
 
     from pdserve.kernels import reference
     from pdserve.kernels.decode_attention import decode_with_partitions, default_partition_size
@@ -130,39 +130,51 @@ def gpu(args) -> dict:
     vs.uniform_(0.001, 0.02)
     lens = torch.full((B,), ctx, device="cuda", dtype=torch.int32)
     q = torch.randn(B, H, D, device="cuda", dtype=torch.bfloat16)
-    shared = bt[:1].expand(B, -1).contiguous()  # every sequence reads sequence 0's pages: L2
-    res: dict = {"batch": B, "ctx": ctx, "gpu": torch.cuda.get_device_name(), "kv_bytes": kc.numel() * 2 + ks.numel() * 8}
+    res: dict = {"batch": B, "ctx": ctx, "gpu": torch.cuda.get_device_name()}
     chk = slice(0, 4)
-    ref = reference.paged_decode_attention(q[chk], kc, vc, bt[chk], lens[chk], D ** -0.5, ks, vs)
     part = default_partition_size(B, kc.shape[2], bt.shape[1] * kc.shape[1], q.device)
-    calls = {}  # "old": the served kernel before pairs; "ours": the served kernel (pairs)
-    for name, kw in {"ours": {}, "old": dict(pairs=False), "ours_s3": dict(num_stages=3),
+    kb, vb, tb = _paged([ctx] * B)  # bf16, same shape
+    # name -> (call over a table, its table, the KV bytes it reads); "ours": the served kernel
+    # (pairs, 32-bit offsets), "old": the served kernel before 2026-12-07
+    fp8_bytes, bf16_bytes = kc.numel() * 2 + ks.numel() * 8, kb.numel() * 2 * 2
+    calls: dict = {}
+    for name, kw in {"ours": {}, "old": dict(pairs=False, off32=False), "ours_off64": dict(off32=False),
+                     "old_off32": dict(pairs=False), "ours_s3": dict(num_stages=3),
                      "ours_uncapped": dict(max_registers=0), "ours_uncapped_s3": dict(max_registers=0, num_stages=3),
                      "ours_n64": dict(block_n=64)}.items():
-        calls[name] = lambda t=bt, kw=kw: decode_with_partitions(q, kc, vc, t, lens, D ** -0.5, part, ks, vs, **kw)
+        calls[name] = (lambda t, kw=kw: decode_with_partitions(q, kc, vc, t, lens, D ** -0.5, part, ks, vs, **kw),
+                       bt, fp8_bytes)
+    for name, kw in {"bf16": {}, "bf16_off64": dict(off32=False)}.items():
+        calls[name] = (lambda t, kw=kw: decode_with_partitions(q, kb, vb, t, lens, D ** -0.5, part, **kw), tb,
+                       bf16_bytes)
     for name, (consts, warps, stages, reg) in {
         "probe": ({}, 4, 2, None), "probe_r128": ({}, 4, 2, 128), "probe_k_pairs_v_cvt": ({"V_PAIRS": False}, 4, 2, None),
     }.items():
-        calls[name] = lambda t=bt, c=consts, w=warps, st=stages, r=reg: run(q, kc, vc, ks, vs, t, lens, c, w, st, r)
+        calls[name] = (lambda t, c=consts, w=warps, st=stages, r=reg: run(q, kc, vc, ks, vs, t, lens, c, w, st, r),
+                       bt, fp8_bytes)
+    refs = {id(bt): reference.paged_decode_attention(q[chk], kc, vc, bt[chk], lens[chk], D ** -0.5, ks, vs),
+            id(tb): reference.paged_decode_attention(q[chk], kb, vb, tb[chk], lens[chk], D ** -0.5)}
+    shared = {id(t): t[:1].expand(B, -1).contiguous() for t in (bt, tb)}  # every row: sequence 0's pages (L2)
     ok = {}
-    for name, fn in calls.items():
+    for name, (fn, table, _) in calls.items():
         try:
-            out = fn()
+            out = fn(table)
             torch.cuda.synchronize()
-            ok[name] = fn
-            res[name] = {"max_err": (out[chk].float() - ref.float()).abs().max().item(),
-                         "ref_max": ref.float().abs().max().item()}
+            ok[name] = calls[name]
+            want = refs[id(table)]
+            res[name] = {"max_err": (out[chk].float() - want.float()).abs().max().item(),
+                         "ref_max": want.float().abs().max().item()}
         except Exception as e:  # a variant that does not compile is a result too
             res[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
     times: dict[str, list[float]] = {n: [] for n in ok}
     floor: dict[str, list[float]] = {n: [] for n in ok}
     for _ in range(args.rounds):  # interleaved rounds
-        for name, fn in ok.items():
-            times[name].append(triton.testing.do_bench(fn, warmup=10, rep=60))
-            floor[name].append(triton.testing.do_bench(lambda f=fn: f(shared), warmup=10, rep=60))
-    for name in ok:
+        for name, (fn, table, _) in ok.items():
+            times[name].append(triton.testing.do_bench(lambda: fn(table), warmup=10, rep=60))
+            floor[name].append(triton.testing.do_bench(lambda: fn(shared[id(table)]), warmup=10, rep=60))
+    for name, (_, _, nbytes) in ok.items():
         ms, l2 = statistics.median(times[name]), statistics.median(floor[name])
-        res[name].update(ms=ms, ms_rounds=times[name], GBps=res["kv_bytes"] / ms / 1e6, l2_ms=l2,
+        res[name].update(ms=ms, ms_rounds=times[name], GBps=nbytes / ms / 1e6, l2_ms=l2,
                          l2_ms_rounds=floor[name], over_ours=statistics.median(times["ours"]) / ms,
                          l2_over_ours=statistics.median(floor["ours"]) / l2)
     for name in calls:

@@ -60,13 +60,18 @@ def main() -> None:
             "bt_ptr": "*i32", "lens_ptr": "*i32", "out_ptr": "*bf16", "lse_ptr": "*fp32",
             "kn_ptr": "*bf16", "vn_ptr": "*bf16", "pos_ptr": "*i32", "cs_ptr": "*fp32", "slot_ptr": "*i64"}
     base = {"G": 4, "G_PAD": 16, "S": 16, "D_PAD": 128, "SPLIT": False, "PRECISION": "tf32", "DOT_F32": False,
-            "EVEN_D": True, "HEADS_FIRST": True, "PAIRS": False, "ROPE": False, "HALF": 1, "QMAX": 1.0, "IS_INT": False}
+            "EVEN_D": True, "HEADS_FIRST": True, "PAIRS": False, "OFF32": False, "ROPE": False, "HALF": 1, "QMAX": 1.0, "IS_INT": False}
     variants = {
         "fp8, K by bit moves (before 2026-12-04)": (ptrs, dict(BLOCK_N=128, QUANT=True, TILES=2, K_CVT=False)),
         "fp8, K by Triton's convert (before 2026-12-07)": (ptrs, dict(BLOCK_N=128, QUANT=True, TILES=2, K_CVT=True)),
-        "fp8, byte pairs (default)": (ptrs, dict(BLOCK_N=128, QUANT=True, TILES=2, K_CVT=True, PAIRS=True)),
-        "bf16 (64-token tiles)": ({**ptrs, "kc_ptr": "*bf16", "vc_ptr": "*bf16"},
-                                  dict(BLOCK_N=64, QUANT=False, TILES=1, K_CVT=False)),
+        "fp8, byte pairs, 64-bit offsets": (ptrs, dict(BLOCK_N=128, QUANT=True, TILES=2, K_CVT=True, PAIRS=True)),
+        "fp8, byte pairs, 32-bit offsets (default)": (ptrs, dict(BLOCK_N=128, QUANT=True, TILES=2, K_CVT=True,
+                                                                 PAIRS=True, OFF32=True)),
+        "bf16 (64-token tiles), 64-bit offsets": ({**ptrs, "kc_ptr": "*bf16", "vc_ptr": "*bf16"},
+                                                  dict(BLOCK_N=64, QUANT=False, TILES=1, K_CVT=False)),
+        "bf16 (64-token tiles), 32-bit offsets (default)": ({**ptrs, "kc_ptr": "*bf16", "vc_ptr": "*bf16"},
+                                                            dict(BLOCK_N=64, QUANT=False, TILES=1, K_CVT=False,
+                                                                 OFF32=True)),
     }
     for name, (p, extra) in variants.items():
         report(name, sass(_decode_kernel, p, {**base, **extra}, num_warps=4, num_stages=2))

@@ -21,17 +21,22 @@ def _ld(ptr, mask, MASKED: tl.constexpr):
 
 @triton.jit
 def paged_offsets(bt_row, t, tmask, stride_cn, stride_cs, kvh, stride_sn, stride_ss, stride_sh,
-                  S: tl.constexpr, QUANT: tl.constexpr, MASK_T: tl.constexpr = 1, last_page=0):
-    """Element offsets (int64) of tokens t of one sequence inside a paged cache view, and of
-    their float32 scales (KV head kvh) when QUANT (else the same offsets); one table lookup.
-    MASK_T (see attend_tile) 0: every t is a token of the sequence; 1: tokens outside tmask
-    get page 0; 2: their page index is capped at last_page, so they read the sequence's last
-    page again (allocated memory, never stored to) without a load mask."""
+                  S: tl.constexpr, QUANT: tl.constexpr, MASK_T: tl.constexpr = 1, last_page=0,
+                  OFF32: tl.constexpr = False):
+    """Element offsets (int64; int32 if OFF32, which the caller must know to be safe: see
+    decode_attention.offsets_fit_int32) of tokens t of one sequence inside a paged cache view,
+    and of their float32 scales (KV head kvh) when QUANT (else the same offsets); one table
+    lookup. MASK_T (see attend_tile) 0: every t is a token of the sequence; 1: tokens outside
+    tmask get page 0; 2: their page index is capped at last_page, so they read the sequence's
+    last page again (allocated memory, never stored to) without a load mask."""
     if MASK_T == 2:
-        page = tl.load(bt_row + tl.minimum(t // S, last_page)).to(tl.int64)
+        page = tl.load(bt_row + tl.minimum(t // S, last_page))
     else:
-        page = _ld(bt_row + t // S, tmask, MASK_T == 1).to(tl.int64)
-    slot = (t % S).to(tl.int64)
+        page = _ld(bt_row + t // S, tmask, MASK_T == 1)
+    slot = t % S
+    if not OFF32:
+        page = page.to(tl.int64)
+        slot = slot.to(tl.int64)
     tok_off = page * stride_cn + slot * stride_cs
     sc_off = tok_off
     if QUANT:

@@ -56,12 +56,13 @@ def _attend_from(
     m_i, l_i, acc, stride_cn, stride_cs, stride_sn, stride_ss, stride_sh, scale_log2,
     S: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, DOT_F32: tl.constexpr,
     QUANT: tl.constexpr, MASK_T: tl.constexpr, MASK_D: tl.constexpr, K_CVT: tl.constexpr,
+    OFF32: tl.constexpr,
 ):
     """attend_tile over the BLOCK_N tokens from t0 (those before `end` valid) of one sequence."""
     t = t0 + tl.arange(0, BLOCK_N)
     tmask = t < end
     tok_off, sc_off = paged_offsets(bt_row, t, tmask, stride_cn, stride_cs, kvh, stride_sn,
-                                    stride_ss, stride_sh, S, QUANT, MASK_T, last_page)
+                                    stride_ss, stride_sh, S, QUANT, MASK_T, last_page, OFF32)
     return attend_tile(
         q, kc_ptr, vc_ptr, tok_off, head_off, dmask, tmask, tmask[None, :],
         m_i, l_i, acc, scale_log2, PRECISION, DOT_F32, ks_ptr, vs_ptr, sc_off, QUANT,
@@ -74,14 +75,14 @@ def _attend_pairs_from(
     t0, end, qe, qo, kc2, vc2, ks_ptr, vs_ptr, bt_row, head_off, dmask, kvh,
     m_i, l_i, acc_e, acc_o, stride_cn2, stride_cs2, stride_sn, stride_ss, stride_sh, scale_log2,
     S: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, DOT_F32: tl.constexpr,
-    MASK_T: tl.constexpr, MASK_D: tl.constexpr,
+    MASK_T: tl.constexpr, MASK_D: tl.constexpr, OFF32: tl.constexpr,
 ):
     """attend_pairs over the BLOCK_N tokens from t0 (those before `end` valid) of one sequence
     (cache strides and head_off in pairs)."""
     t = t0 + tl.arange(0, BLOCK_N)
     tmask = t < end
     tok_off, sc_off = paged_offsets(bt_row, t, tmask, stride_cn2, stride_cs2, kvh, stride_sn,
-                                    stride_ss, stride_sh, S, True, MASK_T)
+                                    stride_ss, stride_sh, S, True, MASK_T, 0, OFF32)
     return attend_pairs(qe, qo, kc2, vc2, tok_off, head_off, dmask, tmask, m_i, l_i, acc_e, acc_o,
                         scale_log2, PRECISION, DOT_F32, ks_ptr, vs_ptr, sc_off, MASK_T, MASK_D)
 
@@ -131,8 +132,8 @@ def _decode_kernel(
     D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
     PRECISION: tl.constexpr, DOT_F32: tl.constexpr, QUANT: tl.constexpr,
     EVEN_D: tl.constexpr, TILES: tl.constexpr, HEADS_FIRST: tl.constexpr, K_CVT: tl.constexpr,
-    PAIRS: tl.constexpr = False, ROPE: tl.constexpr = False, HALF: tl.constexpr = 1, QMAX: tl.constexpr = 1.0,
-    IS_INT: tl.constexpr = False,
+    PAIRS: tl.constexpr = False, OFF32: tl.constexpr = False, ROPE: tl.constexpr = False,
+    HALF: tl.constexpr = 1, QMAX: tl.constexpr = 1.0, IS_INT: tl.constexpr = False,
 ):
     """Programs (KV head, sequence, partition) or (sequence, KV head, partition). ROPE: q, kn
     and vn are the step's unrotated rows [B, H, D]; each program rotates its query heads, and
@@ -187,31 +188,31 @@ def _decode_kernel(
             m_i, l_i, acc_e, acc_o = _attend_pairs_from(
                 t0, end, qe, qo, kc2, vc2, ks_ptr, vs_ptr, bt_row, head_off2, 2 * j < head_dim, kvh, m_i, l_i,
                 acc_e, acc_o, stride_cn // 2, stride_cs // 2, stride_sn, stride_ss, stride_sh, scale_log2,
-                S, BLOCK_N, PRECISION, DOT_F32, 0, not EVEN_D)
+                S, BLOCK_N, PRECISION, DOT_F32, 0, not EVEN_D, OFF32)
         if full_end < end:
             m_i, l_i, acc_e, acc_o = _attend_pairs_from(
                 full_end, end, qe, qo, kc2, vc2, ks_ptr, vs_ptr, bt_row, head_off2, 2 * j < head_dim, kvh, m_i,
                 l_i, acc_e, acc_o, stride_cn // 2, stride_cs // 2, stride_sn, stride_ss, stride_sh, scale_log2,
-                S, BLOCK_N, PRECISION, DOT_F32, 1, not EVEN_D)
+                S, BLOCK_N, PRECISION, DOT_F32, 1, not EVEN_D, OFF32)
         acc = tl.reshape(tl.join(acc_e, acc_o), [G_PAD, D_PAD]) * (1.0 / PAIR_PV_GAIN)
     elif TILES == 2:  # quantized: one loop, unmasked loads (see attend_tile's MASK_T 2)
         for t0 in range(start, end, BLOCK_N):
             m_i, l_i, acc = _attend_from(
                 t0, end, last_page, q, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_row, head_off, dmask, kvh,
                 m_i, l_i, acc, stride_cn, stride_cs, stride_sn, stride_ss, stride_sh, scale_log2,
-                S, BLOCK_N, PRECISION, DOT_F32, QUANT, 2, not EVEN_D, K_CVT)
+                S, BLOCK_N, PRECISION, DOT_F32, QUANT, 2, not EVEN_D, K_CVT, OFF32)
     else:  # whole tiles unmasked (TILES 1) or masked (0), then a masked tail
         full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
         for t0 in range(start, full_end, BLOCK_N):
             m_i, l_i, acc = _attend_from(
                 t0, end, last_page, q, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_row, head_off, dmask, kvh,
                 m_i, l_i, acc, stride_cn, stride_cs, stride_sn, stride_ss, stride_sh, scale_log2,
-                S, BLOCK_N, PRECISION, DOT_F32, QUANT, 1 - TILES, not EVEN_D, K_CVT)
+                S, BLOCK_N, PRECISION, DOT_F32, QUANT, 1 - TILES, not EVEN_D, K_CVT, OFF32)
         if full_end < end:
             m_i, l_i, acc = _attend_from(
                 full_end, end, last_page, q, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_row, head_off, dmask, kvh,
                 m_i, l_i, acc, stride_cn, stride_cs, stride_sn, stride_ss, stride_sh, scale_log2,
-                S, BLOCK_N, PRECISION, DOT_F32, QUANT, 1, not EVEN_D, K_CVT)
+                S, BLOCK_N, PRECISION, DOT_F32, QUANT, 1, not EVEN_D, K_CVT, OFF32)
     has = l_i > 0
     o = acc / tl.where(has, l_i, 1.0)[:, None]
     dst = out_ptr + b * stride_ob + heads[:, None] * stride_oh + part * stride_op + d[None, :]
@@ -259,6 +260,14 @@ def partition_for(batch: int, kv_heads: int, max_context: int, sms: int) -> int:
     while part > _MIN_PARTITION and batch * kv_heads * triton.cdiv(max_context, part) < target:
         part //= 2
     return part
+
+
+def offsets_fit_int32(*views: torch.Tensor) -> bool:
+    """Whether every element offset inside each view (from its first element) fits int32, so the
+    kernels may index them in 32-bit arithmetic (most of a tile's address math is 64-bit
+    otherwise: sm_90 SASS per 128-token fp8 tile 588 instructions instead of 718, per 64-token
+    bf16 tile 344 instead of 433; bench/sass_offline.py)."""
+    return all(sum((n - 1) * st for n, st in zip(v.shape, v.stride())) < 2**31 - 1 for v in views if v.numel())
 
 
 def pairs_apply(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
@@ -317,6 +326,7 @@ def decode_with_partitions(
     max_registers: int | None = None,
     k_convert: bool | None = None,
     pairs: bool | None = None,
+    off32: bool | None = None,
     rope: RopeWrite | None = None,
 ) -> torch.Tensor:
     """paged_decode_attention with an explicit split-K partition size (power of two >= 16):
@@ -334,7 +344,8 @@ def decode_with_partitions(
     through Triton's convert (see attend_tile's K_CVT); False upcasts them with PTX bit moves
     (the kernel before 2026-12-04, kept to measure against). pairs (default: wherever it
     applies, see pairs_apply): the fp8 cache is read as 16-bit pairs of bytes (see
-    attend_pairs), and k_convert and tiles are moot. rope: q is unrotated and the kernel also does
+    attend_pairs), and k_convert and tiles are moot. off32 (default: where offsets_fit_int32):
+    cache offsets in 32-bit arithmetic. rope: q is unrotated and the kernel also does
     rotary_write_kv's work (see decode_rotary_attention)."""
     quant = check_scales(k_cache, k_scale, v_scale)
     fp8_q16 = quant and k_cache.dtype == torch.float8_e4m3fn and q.dtype != torch.float32
@@ -346,6 +357,8 @@ def decode_with_partitions(
     can_pair = fp8_q16 and pairs_apply(k_cache, v_cache)
     if pairs is None:
         pairs = can_pair
+    fits = offsets_fit_int32(k_cache, v_cache, *((k_scale, v_scale) if quant else ()))
+    assert not off32 or fits, "off32: the caches' offsets do not fit int32"
     assert not pairs or can_pair, ("pairs needs an fp8 e4m3 cache with an even head dim >= 32, even strides "
                                    "and addresses, and bf16/fp16 queries")
     if max_registers is None and quant:  # 138 -> 128 registers: 4 programs per SM instead of 3;
@@ -398,7 +411,8 @@ def decode_with_partitions(
         BLOCK_N=min(block_n, partition_size), SPLIT=split,
         PRECISION=dot_precision(q.dtype), DOT_F32=interpreting(), QUANT=quant,
         EVEN_D=d_pad == d, TILES=_TILES[tiles], HEADS_FIRST=heads_first, K_CVT=k_convert, PAIRS=pairs,
-        **rope_consts, num_warps=num_warps, num_stages=num_stages,
+        OFF32=fits if off32 is None else off32, **rope_consts, num_warps=num_warps,
+        num_stages=num_stages,
         **({"maxnreg": max_registers} if max_registers and not interpreting() else {}),
     )
     if split:

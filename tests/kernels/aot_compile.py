@@ -47,7 +47,7 @@ def compile_kernel(fn: triton.JITFunction, ptrs: dict[str, str], consts: dict, *
 
 
 SCALES = {"ks_ptr": "*fp32", "vs_ptr": "*fp32"}
-NO_ROPE = {"PAIRS": False, "ROPE": False, "HALF": 1, "QMAX": 1.0, "IS_INT": False}  # the decode kernel's defaults
+NO_ROPE = {"PAIRS": False, "OFF32": False, "ROPE": False, "HALF": 1, "QMAX": 1.0, "IS_INT": False}  # the decode kernel's defaults
 
 
 def attention(dt: str, cache_dt: str) -> None:
@@ -61,14 +61,14 @@ def attention(dt: str, cache_dt: str) -> None:
             "G": group, "G_PAD": 16, "S": 16, "D_PAD": 128, "BLOCK_N": 64,
             "SPLIT": split, "PRECISION": "tf32", "DOT_F32": False,
             "QUANT": quant, "EVEN_D": group != 7, "TILES": 2 if quant else 1,
-            "K_CVT": cache_dt == "fp8e4nv", **NO_ROPE,
+            "K_CVT": cache_dt == "fp8e4nv", **NO_ROPE, "OFF32": group == 4,
         }, num_warps=4, num_stages=2)
     if cache_dt == "fp8e4nv":  # byte pairs (the default over fp8), split and not, an odd head dim
         for group, split, even_d in ((4, True, True), (7, False, False)):
             compile_kernel(_decode_kernel, {**cache, "out_ptr": "*fp32" if split else f"*{dt}", "lse_ptr": "*fp32"}, {
                 "G": group, "G_PAD": 16, "S": 16, "D_PAD": 128, "BLOCK_N": 128, "SPLIT": split, "PRECISION": "tf32",
                 "DOT_F32": False, "QUANT": True, "EVEN_D": even_d, "TILES": 2, "K_CVT": True,
-                **NO_ROPE, "PAIRS": True}, num_warps=4, num_stages=2)
+                **NO_ROPE, "PAIRS": True, "OFF32": split}, num_warps=4, num_stages=2)
     if cache_dt == "fp8e4nv":  # a head dim of 16 with K through Triton's convert
         compile_kernel(_decode_kernel, {**cache, "out_ptr": f"*{dt}", "lse_ptr": "*fp32"}, {
             "G": 4, "G_PAD": 16, "S": 16, "D_PAD": 16, "BLOCK_N": 128, "SPLIT": False, "PRECISION": "tf32",
@@ -80,7 +80,7 @@ def attention(dt: str, cache_dt: str) -> None:
         compile_kernel(_decode_kernel, rope_ptrs, {  # rotary + KV write inside (decode_rotary_attention)
             "G": 4, "G_PAD": 16, "S": 16, "D_PAD": 128, "BLOCK_N": 128 if quant else 64, "SPLIT": True,
             "PRECISION": "tf32", "DOT_F32": False, "QUANT": quant, "EVEN_D": True, "TILES": 2 if quant else 1,
-            "K_CVT": cache_dt == "fp8e4nv", "PAIRS": pairs, "ROPE": True, "HALF": 64,
+            "K_CVT": cache_dt == "fp8e4nv", "PAIRS": pairs, "OFF32": True, "ROPE": True, "HALF": 64,
             "QMAX": 448.0 if quant else 1.0, "IS_INT": False,
         }, num_warps=4, num_stages=2)
     compile_kernel(_merge_kernel, {"part_ptr": "*fp32", "lse_ptr": "*fp32", "out_ptr": f"*{dt}"},

@@ -102,16 +102,17 @@ def test_partition_on_132_sms_is_the_measured_best(batch: int, best: int) -> Non
 
 @pytest.mark.parametrize("tiles", ["masked", "tail"])
 @pytest.mark.parametrize(("head_dim", "partition"), [(64, 16), (80, 64)])
-def test_decode_wide_table_spreads_each_sequence(tiles: str, head_dim: int, partition: int) -> None:
+@pytest.mark.parametrize("off32", [None, False], ids=["off32", "off64"])
+def test_decode_wide_table_spreads_each_sequence(tiles: str, head_dim: int, partition: int, off32) -> None:
     """A table far wider than the sequences: each one spreads over the partitions in whole
     tiles (a 100-token one over 7 of 32 at partition 16), the rest stay empty; full tiles are
-    read with or without masks."""
+    read with or without masks; offsets in 32-bit arithmetic (the default here) or 64-bit."""
     pool = make_pool(1, 40, BLOCK, 2, head_dim, torch.float32)
     tables = make_block_tables(SEQ_LENS, BLOCK, 40, width=32)
     lens = torch.tensor(SEQ_LENS, dtype=torch.int32, device=DEVICE)
     q = torch.randn(len(SEQ_LENS), 8, head_dim, device=DEVICE)
     out = decode_with_partitions(q, pool[0, 0], pool[0, 1], tables, lens, 0.1, partition,
-                                 tiles=tiles)
+                                 tiles=tiles, off32=off32)
     assert_close(out, reference.paged_decode_attention(q, pool[0, 0], pool[0, 1], tables, lens, 0.1))
 
 
@@ -121,3 +122,17 @@ def test_decode_refuses_soft_tiles_over_a_float_cache() -> None:
         decode_with_partitions(q, kc, vc, tables, lens, 0.1, 16, tiles="soft")
     with pytest.raises(AssertionError, match="must be one of"):
         decode_with_partitions(q, kc, vc, tables, lens, 0.1, 16, tiles="none")
+
+
+def test_offsets_fit_int32_counts_the_farthest_element() -> None:
+    """The farthest element of a view, not its size, decides: a small view with a huge stride
+    does not fit, and 2**31 - 2 is the last offset that does."""
+    from pdserve.kernels.decode_attention import offsets_fit_int32
+
+    def view(shape: tuple[int, ...], stride: tuple[int, ...]) -> torch.Tensor:
+        return torch.empty(0, dtype=torch.int8, device="meta").as_strided(shape, stride)
+
+    assert offsets_fit_int32(view((2, 2), (2**31 - 3, 1)))
+    assert not offsets_fit_int32(view((2, 2), (2**31 - 2, 1)))
+    assert not offsets_fit_int32(view((2, 2), (2, 1)), view((3, 2), (2**30, 1)))
+    assert offsets_fit_int32(view((2, 2), (2, 1)), view((0,), (2**40,)))

@@ -128,7 +128,8 @@ def test_scales_must_come_in_pairs() -> None:
 @pytest.mark.parametrize("qdtype", QDTYPES)
 @pytest.mark.parametrize("tiles", ["masked", "tail", "soft", "pairs"])
 @pytest.mark.parametrize("partition", [16, 64])
-def test_decode_quantized_wide_table_odd_head_dim(qdtype, tiles, partition) -> None:
+@pytest.mark.parametrize("off32", [None, False], ids=["off32", "off64"])
+def test_decode_quantized_wide_table_odd_head_dim(qdtype, tiles, partition, off32) -> None:
     """A table wider than any sequence (most partitions empty, the rest split evenly in whole
     tiles: full unmasked tiles and a masked tail) and a head dim that is no power of two; the
     fp8 cache read as bytes (tiles="masked", "tail", "soft") or as byte pairs ("pairs")."""
@@ -149,7 +150,8 @@ def test_decode_quantized_wide_table_odd_head_dim(qdtype, tiles, partition) -> N
     kv.v_scale[~used] = float("nan")
     q = torch.randn(len(lens_list), HK * group, d, dtype=torch.bfloat16, device=DEVICE)
     how = dict(pairs=True) if tiles == "pairs" else dict(tiles=tiles, pairs=False)
-    out = decode_with_partitions(q, kv.k, kv.v, tables, lens, 0.1, partition, kv.k_scale, kv.v_scale, **how)
+    out = decode_with_partitions(q, kv.k, kv.v, tables, lens, 0.1, partition, kv.k_scale, kv.v_scale, **how,
+                                 off32=off32)
     assert_close(out, reference.paged_decode_attention(q, kv.k, kv.v, tables, lens, 0.1, kv.k_scale, kv.v_scale))
 
 
