@@ -25,6 +25,7 @@ import sys
 import torch
 import triton
 import triton.language as tl
+import wgmma_probe  # bench/ is on sys.path when run as a script
 
 from pdserve.kernels._attention import e4m3_pairs
 
@@ -88,32 +89,6 @@ def _pair_kernel(
 
 
 CONSTS = dict(G=4, G_PAD=16, S=16, D=128, BLOCK_N=128, V_PAIRS=True)
-PTRS = {"q_ptr": "*bf16", "kc_ptr": "*fp8e4nv", "vc_ptr": "*fp8e4nv", "ks_ptr": "*fp32", "vs_ptr": "*fp32",
-        "bt_ptr": "*i32", "lens_ptr": "*i32", "out_ptr": "*bf16"}
-
-
-def offline(variants: dict[str, dict]) -> None:
-    from sass_offline import report, sass
-
-    for name, extra in variants.items():
-        report(name, sass(_pair_kernel, PTRS, {**CONSTS, **extra.get("c", {})}, num_warps=extra.get("w", 4),
-                          num_stages=extra.get("st", 2)), top=40)
-
-
-def run(q, kc, vc, ks, vs, bt, lens, consts: dict, warps: int, stages: int, maxnreg: int | None = None
-        ) -> torch.Tensor:
-    """q [B, H, D] bf16; kc/vc [P, S, Hk, D] fp8 and ks/vs [P, S, Hk] fp32: kv_quant's layer views."""
-    B, H, D = q.shape
-    hk = kc.shape[2]
-    assert all(s % 2 == 0 for s in kc.stride()[:3]) and kc.stride() == vc.stride() and kc.data_ptr() % 4 == 0
-    out = torch.empty_like(q)
-    c = {**CONSTS, **consts, "G": H // hk, "S": kc.shape[1], "D": D}
-    extra = {"maxnreg": maxnreg} if maxnreg else {}
-    _pair_kernel[(hk, B)](q, kc, vc, ks, vs, bt, lens, out, q.stride(0), q.stride(1), kc.stride(0) // 2,
-                          kc.stride(2) // 2, kc.stride(1) // 2, ks.stride(0), ks.stride(2), ks.stride(1),
-                          bt.stride(0), out.stride(0), out.stride(1), D ** -0.5 * 1.4426950408889634,
-                          num_warps=warps, num_stages=stages, **extra, **c)
-    return out
 
 
 def gpu(args) -> dict:
@@ -150,8 +125,8 @@ def gpu(args) -> dict:
     for name, (consts, warps, stages, reg) in {
         "probe": ({}, 4, 2, None), "probe_r128": ({}, 4, 2, 128), "probe_k_pairs_v_cvt": ({"V_PAIRS": False}, 4, 2, None),
     }.items():
-        calls[name] = (lambda t, c=consts, w=warps, st=stages, r=reg: run(q, kc, vc, ks, vs, t, lens, c, w, st, r),
-                       bt, fp8_bytes)
+        calls[name] = (lambda t, c=consts, w=warps, st=stages, r=reg: wgmma_probe.run(
+            q, kc, vc, ks, vs, t, lens, c, w, st, r, kernel=_pair_kernel, base=CONSTS, unit=2), bt, fp8_bytes)
     refs = {id(bt): reference.paged_decode_attention(q[chk], kc, vc, bt[chk], lens[chk], D ** -0.5, ks, vs),
             id(tb): reference.paged_decode_attention(q[chk], kb, vb, tb[chk], lens[chk], D ** -0.5)}
     shared = {id(t): t[:1].expand(B, -1).contiguous() for t in (bt, tb)}  # every row: sequence 0's pages (L2)
@@ -191,8 +166,9 @@ def main() -> None:
     ap.add_argument("--out")
     args = ap.parse_args()
     if args.sass:
-        offline({"pairs": {}, "K pairs, V by Triton's convert": {"c": {"V_PAIRS": False}},
-                 "pairs, 64-token tiles": {"c": {"BLOCK_N": 64}}, "pairs, 8 warps": {"w": 8}})
+        wgmma_probe.offline({"pairs": {}, "K pairs, V by Triton's convert": {"c": {"V_PAIRS": False}},
+                             "pairs, 64-token tiles": {"c": {"BLOCK_N": 64}}, "pairs, 8 warps": {"w": 8}},
+                            _pair_kernel, CONSTS)
         return
     res = gpu(args)
     if args.out:

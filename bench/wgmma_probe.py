@@ -94,26 +94,30 @@ PTRS = {"q_ptr": "*bf16", "kc_ptr": "*fp8e4nv", "vc_ptr": "*fp8e4nv", "ks_ptr": 
         "bt_ptr": "*i32", "lens_ptr": "*i32", "out_ptr": "*bf16"}
 
 
-def offline(variants: dict[str, dict]) -> None:
+def offline(variants: dict[str, dict], kernel=_wg_kernel, consts: dict = CONSTS) -> None:
+    """sm_90 SASS report of each variant ({"c": constexprs, "w": warps, "st": stages}) of a probe
+    kernel with _wg_kernel's arguments (bench/pair_probe.py's too)."""
     from sass_offline import report, sass
 
     for name, extra in variants.items():
-        report(name, sass(_wg_kernel, PTRS, {**CONSTS, **extra.get("c", {})}, num_warps=extra.get("w", 4),
+        report(name, sass(kernel, PTRS, {**consts, **extra.get("c", {})}, num_warps=extra.get("w", 4),
                           num_stages=extra.get("st", 2)), top=40)
 
 
-def run(q, kc, vc, ks, vs, bt, lens, consts: dict, warps: int, stages: int, maxnreg: int | None = None
-        ) -> torch.Tensor:
-    """q [B, H, D] bf16; kc/vc [P, S, Hk, D] fp8 and ks/vs [P, S, Hk] fp32: kv_quant's layer views."""
+def run(q, kc, vc, ks, vs, bt, lens, consts: dict, warps: int, stages: int, maxnreg: int | None = None,
+        kernel=_wg_kernel, base: dict = CONSTS, unit: int = 1) -> torch.Tensor:
+    """q [B, H, D] bf16; kc/vc [P, S, Hk, D] fp8 and ks/vs [P, S, Hk] fp32: kv_quant's layer views.
+    The cache strides go to the kernel in units of `unit` bytes."""
     B, H, D = q.shape
     hk = kc.shape[2]
+    assert all(s % unit == 0 for s in kc.stride()[:3]) and kc.stride() == vc.stride() and kc.data_ptr() % 4 == 0
     out = torch.empty_like(q)
-    c = {**CONSTS, **consts, "G": H // hk, "S": kc.shape[1], "D": D}
+    c = {**base, **consts, "G": H // hk, "S": kc.shape[1], "D": D}
     extra = {"maxnreg": maxnreg} if maxnreg else {}
-    _wg_kernel[(hk, B)](q, kc, vc, ks, vs, bt, lens, out, q.stride(0), q.stride(1), kc.stride(0), kc.stride(2),
-                        kc.stride(1), ks.stride(0), ks.stride(2), ks.stride(1), bt.stride(0), out.stride(0),
-                        out.stride(1), D ** -0.5 * 1.4426950408889634, num_warps=warps, num_stages=stages,
-                        **extra, **c)
+    kernel[(hk, B)](q, kc, vc, ks, vs, bt, lens, out, q.stride(0), q.stride(1), kc.stride(0) // unit,
+                    kc.stride(2) // unit, kc.stride(1) // unit, ks.stride(0), ks.stride(2), ks.stride(1),
+                    bt.stride(0), out.stride(0), out.stride(1), D ** -0.5 * 1.4426950408889634, num_warps=warps,
+                    num_stages=stages, **extra, **c)
     return out
 
 
