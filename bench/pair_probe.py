@@ -17,7 +17,6 @@ for an H200 too (same SM).
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -92,19 +91,13 @@ CONSTS = dict(G=4, G_PAD=16, S=16, D=128, BLOCK_N=128, V_PAIRS=True)
 
 
 def gpu(args) -> dict:
-    sys.path.insert(0, "bench")
-    from kernel_bench import _paged, quant_paged
+    from kernel_bench import _paged
 
     from pdserve.kernels import reference
     from pdserve.kernels.decode_attention import decode_with_partitions, default_partition_size
 
-    torch.manual_seed(0)
-    B, H, D, ctx = args.batch, 32, 128, args.ctx
-    kc, vc, ks, vs, bt = quant_paged(B, ctx, "fp8_e4m3")
-    ks.uniform_(0.001, 0.02)  # random bytes make wild scales; realistic ones keep softmax soft
-    vs.uniform_(0.001, 0.02)
-    lens = torch.full((B,), ctx, device="cuda", dtype=torch.int32)
-    q = torch.randn(B, H, D, device="cuda", dtype=torch.bfloat16)
+    B, D, ctx = args.batch, 128, args.ctx
+    q, kc, vc, ks, vs, bt, lens = wgmma_probe.inputs(B, ctx)
     res: dict = {"batch": B, "ctx": ctx, "gpu": torch.cuda.get_device_name()}
     chk = slice(0, 4)
     part = default_partition_size(B, kc.shape[2], bt.shape[1] * kc.shape[1], q.device)
@@ -158,21 +151,9 @@ def gpu(args) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--sass", action="store_true")
-    ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--ctx", type=int, default=4096)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--out")
-    args = ap.parse_args()
-    if args.sass:
-        wgmma_probe.offline({"pairs": {}, "K pairs, V by Triton's convert": {"c": {"V_PAIRS": False}},
-                             "pairs, 64-token tiles": {"c": {"BLOCK_N": 64}}, "pairs, 8 warps": {"w": 8}},
-                            _pair_kernel, CONSTS)
-        return
-    res = gpu(args)
-    if args.out:
-        json.dump(res, open(args.out, "w"), indent=1)
+    wgmma_probe.cli(gpu, lambda: wgmma_probe.offline(
+        {"pairs": {}, "K pairs, V by Triton's convert": {"c": {"V_PAIRS": False}},
+         "pairs, 64-token tiles": {"c": {"BLOCK_N": 64}}, "pairs, 8 warps": {"w": 8}}, _pair_kernel, CONSTS))
 
 
 if __name__ == "__main__":

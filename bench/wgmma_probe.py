@@ -121,22 +121,29 @@ def run(q, kc, vc, ks, vs, bt, lens, consts: dict, warps: int, stages: int, maxn
     return out
 
 
-def gpu(args) -> dict:
-    import statistics
-
+def inputs(B: int, ctx: int, H: int = 32, D: int = 128) -> tuple[torch.Tensor, ...]:
+    """Seeded probe inputs on the GPU: q [B, H, D] bf16, an fp8 layer (kc, vc, ks, vs, tables)
+    of B sequences of ctx tokens (kernel_bench.quant_paged), and the lengths."""
     sys.path.insert(0, "bench")
     from kernel_bench import quant_paged
 
-    from pdserve.kernels import reference
-    from pdserve.kernels.decode_attention import paged_decode_attention
-
     torch.manual_seed(0)
-    B, H, D, ctx = args.batch, 32, 128, args.ctx
     kc, vc, ks, vs, bt = quant_paged(B, ctx, "fp8_e4m3")
     ks.uniform_(0.001, 0.02)  # random bytes make wild scales; realistic ones keep softmax soft
     vs.uniform_(0.001, 0.02)
     lens = torch.full((B,), ctx, device="cuda", dtype=torch.int32)
     q = torch.randn(B, H, D, device="cuda", dtype=torch.bfloat16)
+    return q, kc, vc, ks, vs, bt, lens
+
+
+def gpu(args) -> dict:
+    import statistics
+
+    from pdserve.kernels import reference
+    from pdserve.kernels.decode_attention import paged_decode_attention
+
+    B, D, ctx = args.batch, 128, args.ctx
+    q, kc, vc, ks, vs, bt, lens = inputs(B, ctx)
     res: dict = {"batch": B, "ctx": ctx, "gpu": torch.cuda.get_device_name(), "kv_bytes": kc.numel() * 2 + ks.numel() * 8}
     chk = slice(0, 4)
     ref = reference.paged_decode_attention(q[chk], kc, vc, bt[chk], lens[chk], D ** -0.5, ks, vs)
@@ -170,7 +177,9 @@ def gpu(args) -> dict:
     return res
 
 
-def main() -> None:
+def cli(gpu_run, sass) -> None:
+    """The probes' command line: --sass runs sass() (offline), else gpu_run(args) on the GPU and
+    its results go to --out."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--sass", action="store_true")
     ap.add_argument("--batch", type=int, default=256)
@@ -179,13 +188,17 @@ def main() -> None:
     ap.add_argument("--out")
     args = ap.parse_args()
     if args.sass:
-        offline({"q hi+lo, V fp16 dot": {}, "q hi only, V fp16 dot": {"c": {"QLO": False}},
-                 "q hi+lo, V fp8 dot": {"c": {"V_FP16_DOT": False}}, "q hi+lo, 8 warps": {"w": 8},
-                 "q hi+lo, 64-token tiles": {"c": {"BLOCK_N": 64}}})
+        sass()
         return
-    res = gpu(args)
+    res = gpu_run(args)
     if args.out:
         json.dump(res, open(args.out, "w"), indent=1)
+
+
+def main() -> None:
+    cli(gpu, lambda: offline({"q hi+lo, V fp16 dot": {}, "q hi only, V fp16 dot": {"c": {"QLO": False}},
+                              "q hi+lo, V fp8 dot": {"c": {"V_FP16_DOT": False}}, "q hi+lo, 8 warps": {"w": 8},
+                              "q hi+lo, 64-token tiles": {"c": {"BLOCK_N": 64}}}))
 
 
 if __name__ == "__main__":
