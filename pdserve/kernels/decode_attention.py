@@ -262,12 +262,13 @@ def partition_for(batch: int, kv_heads: int, max_context: int, sms: int) -> int:
     return part
 
 
-def offsets_fit_int32(*views: torch.Tensor) -> bool:
-    """Whether every element offset inside each view (from its first element) fits int32, so the
-    kernels may index them in 32-bit arithmetic (most of a tile's address math is 64-bit
-    otherwise: sm_90 SASS per 128-token fp8 tile 588 instructions instead of 718, per 64-token
-    bf16 tile 344 instead of 433; bench/sass_offline.py)."""
-    return all(sum((n - 1) * st for n, st in zip(v.shape, v.stride())) < 2**31 - 1 for v in views if v.numel())
+def offsets_fit_int32(*views: torch.Tensor, unit: int = 1) -> bool:
+    """Whether every offset inside each view (from its first element, in units of `unit`
+    elements) fits int32, so the kernels may index them in 32-bit arithmetic (most of a tile's
+    address math is 64-bit otherwise: sm_90 SASS per 128-token fp8 tile 588 instructions
+    instead of 718, per 64-token bf16 tile 344 instead of 433; bench/sass_offline.py)."""
+    return all(sum((n - 1) * st for n, st in zip(v.shape, v.stride())) // unit < 2**31 - 1
+               for v in views if v.numel())
 
 
 def pairs_apply(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
@@ -357,10 +358,11 @@ def decode_with_partitions(
     can_pair = fp8_q16 and pairs_apply(k_cache, v_cache)
     if pairs is None:
         pairs = can_pair
-    fits = offsets_fit_int32(k_cache, v_cache, *((k_scale, v_scale) if quant else ()))
-    assert not off32 or fits, "off32: the caches' offsets do not fit int32"
     assert not pairs or can_pair, ("pairs needs an fp8 e4m3 cache with an even head dim >= 32, even strides "
                                    "and addresses, and bf16/fp16 queries")
+    fits = (offsets_fit_int32(k_cache, v_cache, unit=2 if pairs else 1)  # pairs: offsets in pairs
+            and offsets_fit_int32(*((k_scale, v_scale) if quant else ())))
+    assert not off32 or fits, "off32: the caches' offsets do not fit int32"
     if max_registers is None and quant:  # 138 -> 128 registers: 4 programs per SM instead of 3;
         max_registers = 128  # fp8 at 256 / 64 x 4k 0.756 / 0.209 ms vs 0.818 / 0.246 uncapped,
         # stages 2 (3 was best uncapped) (bench/results/fp8-probe-h200-2026-12-04-s9.log)

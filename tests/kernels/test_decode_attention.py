@@ -136,3 +136,4 @@ def test_offsets_fit_int32_counts_the_farthest_element() -> None:
     assert not offsets_fit_int32(view((2, 2), (2**31 - 2, 1)))
     assert not offsets_fit_int32(view((2, 2), (2, 1)), view((3, 2), (2**30, 1)))
     assert offsets_fit_int32(view((2, 2), (2, 1)), view((0,), (2**40,)))
+    assert offsets_fit_int32(view((2, 2), (2**32 - 6, 2)), unit=2)  # byte pairs: 2**31 - 2 pairs
