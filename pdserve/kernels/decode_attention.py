@@ -266,7 +266,7 @@ def offsets_fit_int32(*views: torch.Tensor, unit: int = 1) -> bool:
     """Whether every offset inside each view (from its first element, in units of `unit`
     elements) fits int32, so the kernels may index them in 32-bit arithmetic (most of a tile's
     address math is 64-bit otherwise: sm_90 SASS per 128-token fp8 tile 588 instructions
-    instead of 718, per 64-token bf16 tile 344 instead of 433; bench/sass_offline.py)."""
+    instead of 718; bench/sass_offline.py)."""
     return all(sum((n - 1) * st for n, st in zip(v.shape, v.stride())) // unit < 2**31 - 1
                for v in views if v.numel())
 
@@ -345,8 +345,11 @@ def decode_with_partitions(
     through Triton's convert (see attend_tile's K_CVT); False upcasts them with PTX bit moves
     (the kernel before 2026-12-04, kept to measure against). pairs (default: wherever it
     applies, see pairs_apply): the fp8 cache is read as 16-bit pairs of bytes (see
-    attend_pairs), and k_convert and tiles are moot. off32 (default: where offsets_fit_int32):
-    cache offsets in 32-bit arithmetic. rope: q is unrotated and the kernel also does
+    attend_pairs), and k_convert and tiles are moot. off32 (default: over quantized caches
+    where offsets_fit_int32): cache offsets in 32-bit arithmetic. Over fp8 on an H100 it lowers
+    the kernel's compute floor (pages in L2, bench/pair_probe.py) at 256 x 4k from 0.419 to
+    0.379 ms; over bf16 it made the kernel slower (1.466 vs 1.417 ms at 256 x 4k, 0.412 vs
+    0.370 at 64 x 4k; `pair-probe-h100-2026-12-07-s22a-*.json`), so bf16 keeps 64-bit. rope: q is unrotated and the kernel also does
     rotary_write_kv's work (see decode_rotary_attention)."""
     quant = check_scales(k_cache, k_scale, v_scale)
     fp8_q16 = quant and k_cache.dtype == torch.float8_e4m3fn and q.dtype != torch.float32
@@ -413,7 +416,7 @@ def decode_with_partitions(
         BLOCK_N=min(block_n, partition_size), SPLIT=split,
         PRECISION=dot_precision(q.dtype), DOT_F32=interpreting(), QUANT=quant,
         EVEN_D=d_pad == d, TILES=_TILES[tiles], HEADS_FIRST=heads_first, K_CVT=k_convert, PAIRS=pairs,
-        OFF32=fits if off32 is None else off32, **rope_consts, num_warps=num_warps,
+        OFF32=(quant and fits) if off32 is None else off32, **rope_consts, num_warps=num_warps,
         num_stages=num_stages,
         **({"maxnreg": max_registers} if max_registers and not interpreting() else {}),
     )
