@@ -257,7 +257,9 @@ def attend_pairs(
     move from shared memory into the dot operands by ldmatrix, as bf16 ones do, and split
     into fp16 with the hardware convert (see e4m3_pairs), where a byte tile goes through
     byte loads and permutes (sm_90 SASS of the decode kernel's main loop per 128-token tile:
-    718 instructions against 1,350 through attend_tile; bench/sass_offline.py)."""
+    718 instructions against 1,350 through attend_tile; 588 with 32-bit offsets;
+    bench/sass_offline.py). On an H100 at 256 x 4k the kernel's compute floor (pages in L2)
+    fell from 0.636 to 0.379 ms (bench/pair_probe.py, pair-probe-h100-2026-12-07-s22a-256.json)."""
     if MASK_T == 1:
         ld_k, ld_v = dmask[:, None] & tmask[None, :], tmask[:, None] & dmask[None, :]
     else:
