@@ -7,12 +7,4 @@ d=$(date -u +%F)
 g=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o -i -E "h100|h200" | tr A-Z a-z)
 timeout 230 python3 -c "import sys, json; sys.path.insert(0, 'bench'); import kvquant; print(json.dumps(kvquant.decode_loop_speedup(slot_major=True)))" \
     2>&1 | grep -v Warn | tee "$OUT/kvquant-loop-$g-$d-s20a.json"
-timeout 320 python3 bench/engine.py --out "$OUT/engine-$g-$d-s20a-llama.json" --models llama-3.1-8b --sections decode,loop 2>&1 | grep -v Warn | tail -5
-python3 - "$OUT/engine-$g-$d-s20a-llama.json" <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1])); m = d["models"]["llama-3.1-8b"]
-print("copy", d["copy_GBps"], "attn", d.get("paged_attention_bw_ratio"))
-for k, v in m.items():
-    if k != "weight_bytes":
-        print(k, json.dumps(v)[:400])
-PY
+bash "$(dirname "${BASH_SOURCE[0]}")/gpu_engine_llama.sh" s20a

@@ -1,15 +1,3 @@
 #!/usr/bin/env bash
-# Session 22, after gpu_s22a.sh on an H200: the engine bench's decode and loop sections for
-# Llama-3.1-8B (issue 3's batch-1 and batch-256 targets) with 32-bit attention offsets.
-source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
-d=$(date -u +%F)
-g=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o -i -E "h100|h200" | tr A-Z a-z)
-timeout 330 python3 bench/engine.py --out "$OUT/engine-$g-$d-s22b-llama.json" --models llama-3.1-8b --sections decode,loop 2>&1 | grep -v Warn | tail -5
-python3 - "$OUT/engine-$g-$d-s22b-llama.json" <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1])); m = d["models"]["llama-3.1-8b"]
-print("copy", d["copy_GBps"], "attn", d.get("paged_attention_bw_ratio"))
-for k, v in m.items():
-    if k != "weight_bytes":
-        print(k, json.dumps(v)[:400])
-PY
+# Session 22, after gpu_s22d.sh on an H200: issue 3's batch-1 and batch-256 targets.
+bash "$(dirname "${BASH_SOURCE[0]}")/gpu_engine_llama.sh" s22b
