@@ -68,7 +68,7 @@ def test_seed_fixes_the_token_whatever_the_batch() -> None:
 
 def test_masked_tokens_bf16_and_all_masked_rows() -> None:
     """-inf logits are never drawn, in fp32 and bf16; a row of -inf only gives token 0; a tiny
-    temperature gives the argmax."""
+    temperature gives an argmax."""
     logits = torch.randn(6, 200, device=DEVICE)
     logits[:, ::2] = float("-inf")
     logits[5] = float("-inf")
@@ -77,7 +77,9 @@ def test_masked_tokens_bf16_and_all_masked_rows() -> None:
     for x in (logits, logits.to(torch.bfloat16)):
         tokens = sample_temperature(x, temps, _seeds(6), block=16, chunk=64).tolist()
         assert all(t % 2 == 1 for t in tokens[:5]), tokens
-        assert tokens[3:5] == x[3:5].float().argmax(dim=-1).tolist()
+        # an argmax: bf16 rounding can tie two logits (seed 3762508846 tied 2.482 and 2.487
+        # at 2.484 in row 4), and either is the argmax then
+        assert all(x[r, tokens[r]] == x[r].max() for r in (3, 4)), tokens
         assert tokens[5] == 0
 
 
