@@ -11,8 +11,7 @@ O_odd += P V_odd; the same MMA count as single dots over the whole head.
 
 The GPU run also times the served kernel with pairs (the default since 2026-12-07) and
 without ("old"), and all of them over pages that stay in L2 (every sequence's table names
-sequence 0's pages, as bench/l2_floor.py does): the compute floor, which an H100 measures
-for an H200 too (same SM).
+sequence 0's pages): the compute floor, which an H100 measures for an H200 too (same SM).
 """
 
 from __future__ import annotations

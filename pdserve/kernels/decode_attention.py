@@ -175,6 +175,7 @@ def _decode_kernel(
     bt_row = bt_ptr + b * stride_bt
     head_off = kvh * stride_ch + d
     last_page = tl.maximum(seq_len - 1, 0) // S
+    full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N  # whole tiles, then a tail
     if PAIRS:  # fp8 e4m3 read as byte pairs, the head dim split in even and odd elements
         qe, qo = tl.split(tl.reshape(q, [G_PAD, D_PAD // 2, 2]))
         acc_e = tl.zeros([G_PAD, D_PAD // 2], tl.float32)
@@ -183,7 +184,6 @@ def _decode_kernel(
         kc2 = kc_ptr.to(tl.pointer_type(tl.uint16))
         vc2 = vc_ptr.to(tl.pointer_type(tl.uint16))
         head_off2 = kvh * (stride_ch // 2) + j
-        full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
         for t0 in range(start, full_end, BLOCK_N):
             m_i, l_i, acc_e, acc_o = _attend_pairs_from(
                 t0, end, qe, qo, kc2, vc2, ks_ptr, vs_ptr, bt_row, head_off2, 2 * j < head_dim, kvh, m_i, l_i,
@@ -202,7 +202,6 @@ def _decode_kernel(
                 m_i, l_i, acc, stride_cn, stride_cs, stride_sn, stride_ss, stride_sh, scale_log2,
                 S, BLOCK_N, PRECISION, DOT_F32, QUANT, 2, not EVEN_D, K_CVT, OFF32)
     else:  # whole tiles unmasked (TILES 1) or masked (0), then a masked tail
-        full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
         for t0 in range(start, full_end, BLOCK_N):
             m_i, l_i, acc = _attend_from(
                 t0, end, last_page, q, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_row, head_off, dmask, kvh,
@@ -363,9 +362,11 @@ def decode_with_partitions(
         pairs = can_pair
     assert not pairs or can_pair, ("pairs needs an fp8 e4m3 cache with an even head dim >= 32, even strides "
                                    "and addresses, and bf16/fp16 queries")
-    fits = (offsets_fit_int32(k_cache, v_cache, unit=2 if pairs else 1)  # pairs: offsets in pairs
-            and offsets_fit_int32(*((k_scale, v_scale) if quant else ())))
-    assert not off32 or fits, "off32: the caches' offsets do not fit int32"
+    asked = off32
+    if off32 is None or off32:  # default: quantized caches only (over bf16 slower, see above)
+        off32 = (off32 or quant) and offsets_fit_int32(k_cache, v_cache, unit=2 if pairs else 1) \
+            and offsets_fit_int32(*((k_scale, v_scale) if quant else ()))  # pairs: offsets in pairs
+        assert off32 or not asked, "off32: the caches' offsets do not fit int32"
     if max_registers is None and quant:  # 138 -> 128 registers: 4 programs per SM instead of 3;
         max_registers = 128  # fp8 at 256 / 64 x 4k 0.756 / 0.209 ms vs 0.818 / 0.246 uncapped,
         # stages 2 (3 was best uncapped) (bench/results/fp8-probe-h200-2026-12-04-s9.log)
@@ -416,7 +417,7 @@ def decode_with_partitions(
         BLOCK_N=min(block_n, partition_size), SPLIT=split,
         PRECISION=dot_precision(q.dtype), DOT_F32=interpreting(), QUANT=quant,
         EVEN_D=d_pad == d, TILES=_TILES[tiles], HEADS_FIRST=heads_first, K_CVT=k_convert, PAIRS=pairs,
-        OFF32=(quant and fits) if off32 is None else off32, **rope_consts, num_warps=num_warps,
+        OFF32=off32, **rope_consts, num_warps=num_warps,
         num_stages=num_stages,
         **({"maxnreg": max_registers} if max_registers and not interpreting() else {}),
     )
