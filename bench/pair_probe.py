@@ -9,9 +9,11 @@ O_odd += P V_odd; the same MMA count as single dots over the whole head.
     PYTHONPATH=DIR_WITH_TRITON_3.6:. python bench/pair_probe.py --sass     # offline sm_90 SASS
     python bench/pair_probe.py [--out FILE]                                 # GPU: check + time
 
-The GPU run also times the served kernel with pairs (the default since 2026-12-07) and
-without ("old"), and all of them over pages that stay in L2 (every sequence's table names
-sequence 0's pages): the compute floor, which an H100 measures for an H200 too (same SM).
+The GPU run times the served kernel with pairs (the default since 2026-12-07) and without
+("old"), over fp8 and int8 caches (int8 pairs since 2026-12-07: `int8_pairs`), bf16, with
+--probes the probe kernels too, and all of them over pages that stay in L2 (every sequence's
+table names sequence 0's pages): the compute floor, which an H100 measures for an H200 too
+(same SM).
 """
 
 from __future__ import annotations
@@ -106,21 +108,23 @@ def gpu(args) -> dict:
     fp8_bytes, bf16_bytes = kc.numel() * 2 + ks.numel() * 8, kb.numel() * 2 * 2
     calls: dict = {}
     for name, kw in {"ours": {}, "old": dict(pairs=False, off32=False), "ours_off64": dict(off32=False),
-                     "old_off32": dict(pairs=False), "ours_s3": dict(num_stages=3),
-                     "ours_uncapped": dict(max_registers=0), "ours_uncapped_s3": dict(max_registers=0, num_stages=3),
-                     "ours_n64": dict(block_n=64)}.items():
+                     "ours_s3": dict(num_stages=3)}.items():
         calls[name] = (lambda t, kw=kw: decode_with_partitions(q, kc, vc, t, lens, D ** -0.5, part, ks, vs, **kw),
                        bt, fp8_bytes)
-    for name, kw in {"bf16": {}, "bf16_off64": dict(off32=False)}.items():
-        calls[name] = (lambda t, kw=kw: decode_with_partitions(q, kb, vb, t, lens, D ** -0.5, part, **kw), tb,
-                       bf16_bytes)
-    for name, (consts, warps, stages, reg) in {
-        "probe": ({}, 4, 2, None), "probe_r128": ({}, 4, 2, 128), "probe_k_pairs_v_cvt": ({"V_PAIRS": False}, 4, 2, None),
-    }.items():
-        calls[name] = (lambda t, c=consts, w=warps, st=stages, r=reg: wgmma_probe.run(
-            q, kc, vc, ks, vs, t, lens, c, w, st, r, kernel=_pair_kernel, base=CONSTS, unit=2), bt, fp8_bytes)
-    refs = {id(bt): reference.paged_decode_attention(q[chk], kc, vc, bt[chk], lens[chk], D ** -0.5, ks, vs),
-            id(tb): reference.paged_decode_attention(q[chk], kb, vb, tb[chk], lens[chk], D ** -0.5)}
+    ki, vi = (torch.randint(-127, 128, kc.shape, dtype=torch.int8, device=kc.device) for _ in range(2))
+    for name, kw in {"int8_pairs": {}, "int8_old": dict(pairs=False)}.items():  # int8 pairs: since 2026-12-07
+        calls[name] = (lambda t, kw=kw: decode_with_partitions(q, ki, vi, t, lens, D ** -0.5, part, ks, vs, **kw),
+                       bt, fp8_bytes)
+    calls["bf16"] = (lambda t: decode_with_partitions(q, kb, vb, t, lens, D ** -0.5, part), tb, bf16_bytes)
+    if args.probes:
+        for name, (consts, warps, stages, reg) in {
+            "probe": ({}, 4, 2, None), "probe_r128": ({}, 4, 2, 128), "probe_k_pairs_v_cvt": ({"V_PAIRS": False}, 4, 2, None),
+        }.items():
+            calls[name] = (lambda t, c=consts, w=warps, st=stages, r=reg: wgmma_probe.run(
+                q, kc, vc, ks, vs, t, lens, c, w, st, r, kernel=_pair_kernel, base=CONSTS, unit=2), bt, fp8_bytes)
+    refs = {"fp8": reference.paged_decode_attention(q[chk], kc, vc, bt[chk], lens[chk], D ** -0.5, ks, vs),
+            "int8": reference.paged_decode_attention(q[chk], ki, vi, bt[chk], lens[chk], D ** -0.5, ks, vs),
+            "bf16": reference.paged_decode_attention(q[chk], kb, vb, tb[chk], lens[chk], D ** -0.5)}
     shared = {id(t): t[:1].expand(B, -1).contiguous() for t in (bt, tb)}  # every row: sequence 0's pages (L2)
     ok = {}
     for name, (fn, table, _) in calls.items():
@@ -128,7 +132,7 @@ def gpu(args) -> dict:
             out = fn(table)
             torch.cuda.synchronize()
             ok[name] = calls[name]
-            want = refs[id(table)]
+            want = refs[name.split("_")[0] if name.startswith(("int8", "bf16")) else "fp8"]
             res[name] = {"max_err": (out[chk].float() - want.float()).abs().max().item(),
                          "ref_max": want.float().abs().max().item()}
         except Exception as e:  # a variant that does not compile is a result too

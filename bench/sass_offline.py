@@ -61,11 +61,15 @@ def main() -> None:
             "kn_ptr": "*bf16", "vn_ptr": "*bf16", "pos_ptr": "*i32", "cs_ptr": "*fp32", "slot_ptr": "*i64"}
     base = {"G": 4, "G_PAD": 16, "S": 16, "D_PAD": 128, "SPLIT": False, "PRECISION": "tf32", "DOT_F32": False,
             "EVEN_D": True, "HEADS_FIRST": True, "PAIRS": False, "OFF32": False, "ROPE": False, "HALF": 1, "QMAX": 1.0, "IS_INT": False}
+    i8 = {**ptrs, "kc_ptr": "*i8", "vc_ptr": "*i8"}
     variants = {
         "fp8, K by bit moves (before 2026-12-04)": (ptrs, dict(BLOCK_N=128, QUANT=True, TILES=2, K_CVT=False)),
         "fp8, K by Triton's convert (before 2026-12-07)": (ptrs, dict(BLOCK_N=128, QUANT=True, TILES=2, K_CVT=True)),
         "fp8, byte pairs, 64-bit offsets": (ptrs, dict(BLOCK_N=128, QUANT=True, TILES=2, K_CVT=True, PAIRS=True)),
         "fp8, byte pairs, 32-bit offsets (default)": (ptrs, dict(BLOCK_N=128, QUANT=True, TILES=2, K_CVT=True,
+                                                                 PAIRS=True, OFF32=True)),
+        "int8, bytes (before 2026-12-07)": (i8, dict(BLOCK_N=128, QUANT=True, TILES=2, K_CVT=False, OFF32=True)),
+        "int8, byte pairs, 32-bit offsets (default)": (i8, dict(BLOCK_N=128, QUANT=True, TILES=2, K_CVT=False,
                                                                  PAIRS=True, OFF32=True)),
         "bf16 (64-token tiles), 64-bit offsets (default)": ({**ptrs, "kc_ptr": "*bf16", "vc_ptr": "*bf16"},
                                                   dict(BLOCK_N=64, QUANT=False, TILES=1, K_CVT=False)),

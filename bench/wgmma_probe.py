@@ -186,6 +186,7 @@ def cli(gpu_run, sass) -> None:
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out")
+    ap.add_argument("--probes", action="store_true", help="pair_probe: time the probe kernels too")
     args = ap.parse_args()
     if args.sass:
         sass()

@@ -133,6 +133,44 @@ def e4m3_pairs(x, DOT_F32: tl.constexpr):
 
 
 @triton.jit
+def int8_pairs(x, DOT_F32: tl.constexpr):
+    """e4m3_pairs for uint16 pairs of int8 bytes, exactly: per 32-bit register, flip the sign
+    bits (b + 128 as unsigned), two byte permutes that put 0x64 above each low (high) byte,
+    which reads as the fp16 1024 + (b + 128), and two packed subtractions of 1152 (there is no
+    packed int8 -> f16 convert). The interpreter does the same bit moves one element at a time."""
+    if DOT_F32:
+        u = x.to(tl.uint16, bitcast=True)
+        return _biased_int8(u & 0xFF), _biased_int8(u >> 8)
+    else:
+        return tl.inline_asm_elementwise(
+            asm="""{
+            .reg .b32 t, a, b, c;
+            xor.b32 t, $2, 0x80808080;
+            prmt.b32 a, t, 0x64646464, 0x4240;
+            prmt.b32 b, t, 0x64646464, 0x4341;
+            mov.b32 c, 0x64806480;
+            sub.rn.f16x2 $0, a, c;
+            sub.rn.f16x2 $1, b, c;
+            }""",
+            constraints="=r,=r,r", args=[x], dtype=(tl.float16, tl.float16), is_pure=True, pack=2)
+
+
+@triton.jit
+def _biased_int8(u):
+    """An int8 byte held in uint16 u (< 256) as int8_pairs computes it, in fp32."""
+    return (((u ^ 0x80) | 0x6400).to(tl.float16, bitcast=True) - 1152.0).to(tl.float32)
+
+
+@triton.jit
+def byte_pairs(x, INT8: tl.constexpr, DOT_F32: tl.constexpr):
+    """int8_pairs if INT8, else e4m3_pairs."""
+    if INT8:
+        return int8_pairs(x, DOT_F32)
+    else:
+        return e4m3_pairs(x, DOT_F32)
+
+
+@triton.jit
 def upcast(x, qtype, DOT_F32: tl.constexpr):
     """A quantized K/V tile as the dots take it, times upcast_gain(x) (fp8 only: see
     fp8_bits_to_fp16_int). The interpreter, which runs no PTX, does the field moves with
@@ -244,9 +282,10 @@ PAIR_PV_GAIN = tl.constexpr(256.0)  # attend_pairs' P V products are this many t
 def attend_pairs(
     qe, qo, kc2, vc2, tok_off, head_off, dmask, tmask, m_i, l_i, acc_e, acc_o, scale_log2,
     PRECISION: tl.constexpr, DOT_F32: tl.constexpr, ks_ptr, vs_ptr, sc_off, MASK_T: tl.constexpr,
-    MASK_D: tl.constexpr,
+    MASK_D: tl.constexpr, INT8: tl.constexpr = False,
 ):
-    """attend_tile (quantized) over an fp8 e4m3 cache read as 16-bit pairs of bytes: kc2/vc2
+    """attend_tile (quantized) over an fp8 e4m3 (int8 if INT8) cache read as 16-bit pairs of
+    bytes (split by byte_pairs): kc2/vc2
     are the caches' pointers as uint16, tok_off/head_off offsets in pairs, dmask which pairs
     are inside the head. The head dim is split in even and odd elements: scores are
     qe @ K_even + qo @ K_odd, and acc_e/acc_o [M, D/2] accumulate P @ V_even and P @ V_odd,
@@ -265,7 +304,7 @@ def attend_pairs(
     else:
         ld_k, ld_v = dmask[:, None], dmask[None, :]
     masked: tl.constexpr = (MASK_T == 1) or MASK_D
-    ke, ko = e4m3_pairs(_ld(kc2 + tok_off[None, :] + head_off[:, None], ld_k, masked), DOT_F32)
+    ke, ko = byte_pairs(_ld(kc2 + tok_off[None, :] + head_off[:, None], ld_k, masked), INT8, DOT_F32)
     s = mm(qe, ke, PRECISION, DOT_F32) + mm(qo, ko, PRECISION, DOT_F32)
     s = s * (_ld(ks_ptr + sc_off, tmask, MASK_T == 1) * scale_log2)[None, :]
     if MASK_T == 1:
@@ -274,7 +313,7 @@ def attend_pairs(
     pv = p * (_ld(vs_ptr + sc_off, tmask, MASK_T == 1) * PAIR_PV_GAIN)[None, :]
     if not DOT_F32:
         pv = pv.to(tl.float16)
-    ve, vo = e4m3_pairs(_ld(vc2 + tok_off[:, None] + head_off[None, :], ld_v, masked), DOT_F32)
+    ve, vo = byte_pairs(_ld(vc2 + tok_off[:, None] + head_off[None, :], ld_v, masked), INT8, DOT_F32)
     acc_e = acc_e * alpha[:, None] + mm(pv, ve, PRECISION, DOT_F32)
     acc_o = acc_o * alpha[:, None] + mm(pv, vo, PRECISION, DOT_F32)
     return m_new, l_i, acc_e, acc_o

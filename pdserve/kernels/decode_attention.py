@@ -75,7 +75,7 @@ def _attend_pairs_from(
     t0, end, qe, qo, kc2, vc2, ks_ptr, vs_ptr, bt_row, head_off, dmask, kvh,
     m_i, l_i, acc_e, acc_o, stride_cn2, stride_cs2, stride_sn, stride_ss, stride_sh, scale_log2,
     S: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, DOT_F32: tl.constexpr,
-    MASK_T: tl.constexpr, MASK_D: tl.constexpr, OFF32: tl.constexpr,
+    MASK_T: tl.constexpr, MASK_D: tl.constexpr, OFF32: tl.constexpr, INT8: tl.constexpr,
 ):
     """attend_pairs over the BLOCK_N tokens from t0 (those before `end` valid) of one sequence
     (cache strides and head_off in pairs)."""
@@ -84,7 +84,7 @@ def _attend_pairs_from(
     tok_off, sc_off = paged_offsets(bt_row, t, tmask, stride_cn2, stride_cs2, kvh, stride_sn,
                                     stride_ss, stride_sh, S, True, MASK_T, 0, OFF32)
     return attend_pairs(qe, qo, kc2, vc2, tok_off, head_off, dmask, tmask, m_i, l_i, acc_e, acc_o,
-                        scale_log2, PRECISION, DOT_F32, ks_ptr, vs_ptr, sc_off, MASK_T, MASK_D)
+                        scale_log2, PRECISION, DOT_F32, ks_ptr, vs_ptr, sc_off, MASK_T, MASK_D, INT8)
 
 
 @triton.jit
@@ -176,7 +176,8 @@ def _decode_kernel(
     head_off = kvh * stride_ch + d
     last_page = tl.maximum(seq_len - 1, 0) // S
     full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N  # whole tiles, then a tail
-    if PAIRS:  # fp8 e4m3 read as byte pairs, the head dim split in even and odd elements
+    if PAIRS:  # fp8 e4m3 / int8 read as byte pairs, the head dim split in even and odd elements
+        INT8: tl.constexpr = kc_ptr.dtype.element_ty == tl.int8
         qe, qo = tl.split(tl.reshape(q, [G_PAD, D_PAD // 2, 2]))
         acc_e = tl.zeros([G_PAD, D_PAD // 2], tl.float32)
         acc_o = tl.zeros([G_PAD, D_PAD // 2], tl.float32)
@@ -188,12 +189,12 @@ def _decode_kernel(
             m_i, l_i, acc_e, acc_o = _attend_pairs_from(
                 t0, end, qe, qo, kc2, vc2, ks_ptr, vs_ptr, bt_row, head_off2, 2 * j < head_dim, kvh, m_i, l_i,
                 acc_e, acc_o, stride_cn // 2, stride_cs // 2, stride_sn, stride_ss, stride_sh, scale_log2,
-                S, BLOCK_N, PRECISION, DOT_F32, 0, not EVEN_D, OFF32)
+                S, BLOCK_N, PRECISION, DOT_F32, 0, not EVEN_D, OFF32, INT8)
         if full_end < end:
             m_i, l_i, acc_e, acc_o = _attend_pairs_from(
                 full_end, end, qe, qo, kc2, vc2, ks_ptr, vs_ptr, bt_row, head_off2, 2 * j < head_dim, kvh, m_i,
                 l_i, acc_e, acc_o, stride_cn // 2, stride_cs // 2, stride_sn, stride_ss, stride_sh, scale_log2,
-                S, BLOCK_N, PRECISION, DOT_F32, 1, not EVEN_D, OFF32)
+                S, BLOCK_N, PRECISION, DOT_F32, 1, not EVEN_D, OFF32, INT8)
         acc = tl.reshape(tl.join(acc_e, acc_o), [G_PAD, D_PAD]) * (1.0 / PAIR_PV_GAIN)
     elif TILES == 2:  # quantized: one loop, unmasked loads (see attend_tile's MASK_T 2)
         for t0 in range(start, end, BLOCK_N):
@@ -343,8 +344,9 @@ def decode_with_partitions(
     k_convert (default: bf16/fp16 queries over fp8 caches): K tiles reach the score dot
     through Triton's convert (see attend_tile's K_CVT); False upcasts them with PTX bit moves
     (the kernel before 2026-12-04, kept to measure against). pairs (default: wherever it
-    applies, see pairs_apply): the fp8 cache is read as 16-bit pairs of bytes (see
-    attend_pairs), and k_convert and tiles are moot. off32 (default: over quantized caches
+    applies, see pairs_apply): the fp8 or int8 cache is read as 16-bit pairs of bytes (see
+    attend_pairs; int8 since 2026-12-07: 717 sm_90 instructions per 128-token tile against
+    1,288, bench/sass_offline.py), and k_convert and tiles are moot. off32 (default: over quantized caches
     where offsets_fit_int32): cache offsets in 32-bit arithmetic. Over fp8 on an H100 it lowers
     the kernel's compute floor (pages in L2, bench/pair_probe.py) at 256 x 4k from 0.419 to
     0.379 ms; over bf16 it made the kernel slower (1.466 vs 1.417 ms at 256 x 4k, 0.412 vs
@@ -357,11 +359,11 @@ def decode_with_partitions(
     assert not k_convert or fp8_q16, "k_convert needs an fp8 e4m3 cache and bf16/fp16 queries"
     group, d = check_attention_inputs(q, k_cache, v_cache, block_tables, quant)
     tiles = tiles or ("soft" if quant else "tail")
-    can_pair = fp8_q16 and pairs_apply(k_cache, v_cache)
+    can_pair = quant and q.dtype != torch.float32 and pairs_apply(k_cache, v_cache)
     if pairs is None:
         pairs = can_pair
-    assert not pairs or can_pair, ("pairs needs an fp8 e4m3 cache with an even head dim >= 32, even strides "
-                                   "and addresses, and bf16/fp16 queries")
+    assert not pairs or can_pair, ("pairs needs an fp8 e4m3 or int8 cache with an even head dim >= 32, even "
+                                   "strides and addresses, and bf16/fp16 queries")
     asked = off32
     if off32 is None or off32:  # default: quantized caches only (over bf16 slower, see above)
         off32 = (off32 or quant) and offsets_fit_int32(k_cache, v_cache, unit=2 if pairs else 1) \

@@ -63,11 +63,11 @@ def attention(dt: str, cache_dt: str) -> None:
             "QUANT": quant, "EVEN_D": group != 7, "TILES": 2 if quant else 1,
             "K_CVT": cache_dt == "fp8e4nv", **NO_ROPE, "OFF32": group == 4,
         }, num_warps=4, num_stages=2)
-    if cache_dt == "fp8e4nv":  # byte pairs (the default over fp8), split and not, an odd head dim
+    if quant:  # byte pairs (the default over fp8 and int8), split and not, an odd head dim
         for group, split, even_d in ((4, True, True), (7, False, False)):
             compile_kernel(_decode_kernel, {**cache, "out_ptr": "*fp32" if split else f"*{dt}", "lse_ptr": "*fp32"}, {
                 "G": group, "G_PAD": 16, "S": 16, "D_PAD": 128, "BLOCK_N": 128, "SPLIT": split, "PRECISION": "tf32",
-                "DOT_F32": False, "QUANT": True, "EVEN_D": even_d, "TILES": 2, "K_CVT": True,
+                "DOT_F32": False, "QUANT": True, "EVEN_D": even_d, "TILES": 2, "K_CVT": cache_dt == "fp8e4nv",
                 **NO_ROPE, "PAIRS": True, "OFF32": split}, num_warps=4, num_stages=2)
     if cache_dt == "fp8e4nv":  # a head dim of 16 with K through Triton's convert
         compile_kernel(_decode_kernel, {**cache, "out_ptr": f"*{dt}", "lse_ptr": "*fp32"}, {
@@ -76,12 +76,12 @@ def attention(dt: str, cache_dt: str) -> None:
         }, num_warps=4, num_stages=2)
     rope_ptrs = {**cache, "out_ptr": "*fp32", "lse_ptr": "*fp32", "kn_ptr": f"*{dt}", "vn_ptr": f"*{dt}",
                  "pos_ptr": "*i32", "cs_ptr": "*fp32", "slot_ptr": "*i32"}
-    for pairs in (False, True) if cache_dt == "fp8e4nv" else (False,):
+    for pairs in (False, True) if quant else (False,):
         compile_kernel(_decode_kernel, rope_ptrs, {  # rotary + KV write inside (decode_rotary_attention)
             "G": 4, "G_PAD": 16, "S": 16, "D_PAD": 128, "BLOCK_N": 128 if quant else 64, "SPLIT": True,
             "PRECISION": "tf32", "DOT_F32": False, "QUANT": quant, "EVEN_D": True, "TILES": 2 if quant else 1,
             "K_CVT": cache_dt == "fp8e4nv", "PAIRS": pairs, "OFF32": True, "ROPE": True, "HALF": 64,
-            "QMAX": 448.0 if quant else 1.0, "IS_INT": False,
+            "QMAX": {"fp8e4nv": 448.0, "i8": 127.0}.get(cache_dt, 1.0), "IS_INT": cache_dt == "i8",
         }, num_warps=4, num_stages=2)
     compile_kernel(_merge_kernel, {"part_ptr": "*fp32", "lse_ptr": "*fp32", "out_ptr": f"*{dt}"},
                    {"P_PAD": 4, "D_PAD": 128})
@@ -135,3 +135,4 @@ if __name__ == "__main__":
     elementwise("bf16")
     attention("bf16", "bf16")
     attention("bf16", "fp8e4nv")
+    attention("bf16", "i8")

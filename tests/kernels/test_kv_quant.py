@@ -97,14 +97,17 @@ def test_prefill_quantized_matches_reference(qdtype, dtype) -> None:
     assert_close(out, ref)
 
 
-@pytest.mark.parametrize("path", [dict(k_convert=False, pairs=False), dict(k_convert=True, pairs=False),
-                                  dict(pairs=True)], ids=["bit-moves", "convert", "pairs"])
-def test_quantized_attention_close_to_full_precision(path: dict) -> None:
-    """fp8 KV attention equals bf16 attention over the same dequantized values up to the order
-    of operations, with K upcast by bit moves (k_convert=False), by Triton's convert (the
-    interpreter takes the bit moves either way), or the cache read as byte pairs (the default)."""
+@pytest.mark.parametrize("qdtype,path", [
+    (torch.float8_e4m3fn, dict(k_convert=False, pairs=False)), (torch.float8_e4m3fn, dict(k_convert=True, pairs=False)),
+    (torch.float8_e4m3fn, dict(pairs=True)), (torch.int8, dict(pairs=False)), (torch.int8, dict(pairs=True))],
+    ids=["fp8-bit-moves", "fp8-convert", "fp8-pairs", "int8-bytes", "int8-pairs"])
+def test_quantized_attention_close_to_full_precision(qdtype: torch.dtype, path: dict) -> None:
+    """fp8/int8 KV attention equals bf16 attention over the same dequantized values up to the
+    order of operations, with fp8 K upcast by bit moves (k_convert=False), by Triton's convert
+    (the interpreter takes the bit moves either way), or the cache read as byte pairs (the
+    default over both)."""
     d, lens_list = 64, [50, 100]
-    pool, kv = _quant_pool(torch.float8_e4m3fn, d)
+    pool, kv = _quant_pool(qdtype, d)
     full_k = reference.dequantize_cache(kv.k, kv.k_scale) + 0.0
     full_v = reference.dequantize_cache(kv.v, kv.v_scale) + 0.0
     tables = make_block_tables(lens_list, BLOCK, NBLOCKS, width=8)
@@ -132,9 +135,7 @@ def test_scales_must_come_in_pairs() -> None:
 def test_decode_quantized_wide_table_odd_head_dim(qdtype, tiles, partition, off32) -> None:
     """A table wider than any sequence (most partitions empty, the rest split evenly in whole
     tiles: full unmasked tiles and a masked tail) and a head dim that is no power of two; the
-    fp8 cache read as bytes (tiles="masked", "tail", "soft") or as byte pairs ("pairs")."""
-    if tiles == "pairs" and qdtype != torch.float8_e4m3fn:
-        pytest.skip("byte pairs are read from fp8 e4m3 caches only")
+    cache read as bytes (tiles="masked", "tail", "soft") or as byte pairs ("pairs")."""
     lens_list, d, group = [3, 70, 129], 80, 2
     _, kv = _quant_pool(qdtype, d)
     tables = make_block_tables(lens_list, BLOCK, NBLOCKS, width=NBLOCKS)
@@ -156,12 +157,16 @@ def test_decode_quantized_wide_table_odd_head_dim(qdtype, tiles, partition, off3
 
 
 def test_pairs_refused_where_they_do_not_apply() -> None:
-    """pairs=True over a head dim of 16, an int8 cache or float32 queries: a clear error."""
+    """pairs=True over a head dim of 16, a bf16 cache or float32 queries: a clear error."""
     tables = torch.zeros(1, 1, dtype=torch.int32, device=DEVICE)
     lens = torch.ones(1, dtype=torch.int32, device=DEVICE)
-    for qdtype, d, dtype in ((torch.float8_e4m3fn, 16, torch.bfloat16), (torch.int8, 64, torch.bfloat16),
+    for qdtype, d, dtype in ((torch.float8_e4m3fn, 16, torch.bfloat16), (torch.int8, 64, torch.float32),
                              (torch.float8_e4m3fn, 64, torch.float32)):
         _, kv = _quant_pool(qdtype, d)
         q = torch.randn(1, HK, d, dtype=dtype, device=DEVICE)
-        with pytest.raises(AssertionError, match="pairs needs an fp8 e4m3 cache"):
+        with pytest.raises(AssertionError, match="pairs needs an fp8 e4m3 or int8 cache"):
             decode_with_partitions(q, kv.k, kv.v, tables, lens, 0.1, 16, kv.k_scale, kv.v_scale, pairs=True)
+    k = torch.zeros(4, BLOCK, HK, 64, dtype=torch.bfloat16, device=DEVICE)
+    q = torch.randn(1, HK, 64, dtype=torch.bfloat16, device=DEVICE)
+    with pytest.raises(AssertionError, match="pairs needs an fp8 e4m3 or int8 cache"):
+        decode_with_partitions(q, k, k, tables, lens, 0.1, 16, pairs=True)
