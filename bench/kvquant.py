@@ -161,14 +161,17 @@ def _loop_runs(layers: int, n: int, reps: int, variants: dict[str, tuple[str, Ca
     return runs
 
 
-def decode_loop_speedup(layers: int = 16, n: int = 256, reps: int = 3, slot_major: bool = False) -> dict:
+def decode_loop_speedup(layers: int = 16, n: int = 256, reps: int = 3, slot_major: bool = False,
+                        int8: bool = False) -> dict:
     """fp8 over bf16 decode tokens/s of the decode worker's engine loop (_loop_runs); medians.
     The eager step of decode_speedup also times the host building 256 block tables of 4k tokens,
     which the loop overlaps with the GPU. slot_major: also fp8 with the block layout before
-    2026-12-06 (slot_major_fp8_blocks)."""
+    2026-12-06 (slot_major_fp8_blocks); int8: also an int8 cache."""
     variants = {"auto": ("auto", contextlib.nullcontext), "fp8_e4m3": ("fp8_e4m3", contextlib.nullcontext)}
     if slot_major:
         variants["fp8_e4m3_slot_major"] = ("fp8_e4m3", slot_major_fp8_blocks)
+    if int8:
+        variants["int8"] = ("int8", contextlib.nullcontext)
     runs = _loop_runs(layers, n, reps, variants)
     med = {name: statistics.median(r) for name, r in runs.items()}
     b, f = med["auto"], med["fp8_e4m3"]
@@ -176,6 +179,8 @@ def decode_loop_speedup(layers: int = 16, n: int = 256, reps: int = 3, slot_majo
            "decode_loop_tok_s_fp8": f, "decode_loop_runs": runs}
     if slot_major:
         res["fp8_slot_major_decode_loop_speedup_4k_bs256"] = med["fp8_e4m3_slot_major"] / b
+    if int8:
+        res["int8_decode_loop_speedup_4k_bs256"] = med["int8"] / b
     return res
 
 
