@@ -21,7 +21,7 @@ import triton.language as tl
 
 from pdserve.kernels._attention import PAIR_PV_GAIN, attend_pairs, attend_tile, paged_offsets, query_for
 from pdserve.kernels._common import check_attention_inputs, check_device, check_dim, check_dtype
-from pdserve.kernels._common import check_scales
+from pdserve.kernels._common import check_scales, choose_pairs
 from pdserve.kernels._common import dot_precision, interpreting, next_pow2, num_sms
 from pdserve.kernels.reference import QUANT_MAX
 from pdserve.kernels.rotary import rotated_heads
@@ -83,7 +83,7 @@ def _attend_pairs_from(
     tmask = t < end
     tok_off, sc_off = paged_offsets(bt_row, t, tmask, stride_cn2, stride_cs2, kvh, stride_sn,
                                     stride_ss, stride_sh, S, True, MASK_T, 0, OFF32)
-    return attend_pairs(qe, qo, kc2, vc2, tok_off, head_off, dmask, tmask, m_i, l_i, acc_e, acc_o,
+    return attend_pairs(qe, qo, kc2, vc2, tok_off, head_off, dmask, tmask, tmask[None, :], m_i, l_i, acc_e, acc_o,
                         scale_log2, PRECISION, DOT_F32, ks_ptr, vs_ptr, sc_off, MASK_T, MASK_D, INT8)
 
 
@@ -271,15 +271,6 @@ def offsets_fit_int32(*views: torch.Tensor, unit: int = 1) -> bool:
                for v in views if v.numel())
 
 
-def pairs_apply(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
-    """Whether caches [N, S, Hk, D] can be read as 16-bit pairs of bytes: one-byte elements, an
-    even head dim of at least 32 (the split halves feed dots of >= 16), even strides, addresses
-    and storage offsets."""
-    return all(c.element_size() == 1 and c.shape[-1] % 2 == 0 and c.shape[-1] >= 32 and c.stride(-1) == 1
-               and all(st % 2 == 0 for st in c.stride()[:-1]) and c.data_ptr() % 2 == 0
-               for c in (k_cache, v_cache))
-
-
 def paged_decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -344,7 +335,7 @@ def decode_with_partitions(
     k_convert (default: bf16/fp16 queries over fp8 caches): K tiles reach the score dot
     through Triton's convert (see attend_tile's K_CVT); False upcasts them with PTX bit moves
     (the kernel before 2026-12-04, kept to measure against). pairs (default: wherever it
-    applies, see pairs_apply): the fp8 or int8 cache is read as 16-bit pairs of bytes (see
+    applies, see choose_pairs): the fp8 or int8 cache is read as 16-bit pairs of bytes (see
     attend_pairs; int8 since 2026-12-07: 717 sm_90 instructions per 128-token tile against
     1,288, bench/sass_offline.py), and k_convert and tiles are moot. off32 (default: over quantized caches
     where offsets_fit_int32): cache offsets in 32-bit arithmetic. Over fp8 on an H100 it lowers
@@ -359,11 +350,7 @@ def decode_with_partitions(
     assert not k_convert or fp8_q16, "k_convert needs an fp8 e4m3 cache and bf16/fp16 queries"
     group, d = check_attention_inputs(q, k_cache, v_cache, block_tables, quant)
     tiles = tiles or ("soft" if quant else "tail")
-    can_pair = quant and q.dtype != torch.float32 and pairs_apply(k_cache, v_cache)
-    if pairs is None:
-        pairs = can_pair
-    assert not pairs or can_pair, ("pairs needs an fp8 e4m3 or int8 cache with an even head dim >= 32, even "
-                                   "strides and addresses, and bf16/fp16 queries")
+    pairs = choose_pairs(pairs, q, k_cache, v_cache, quant)
     asked = off32
     if off32 is None or off32:  # default: quantized caches only (over bf16 slower, see above)
         off32 = (off32 or quant) and offsets_fit_int32(k_cache, v_cache, unit=2 if pairs else 1) \

@@ -12,7 +12,7 @@ from kernel_helpers import DEVICE, DTYPES, assert_close, make_block_tables  # no
 
 from pdserve.kernels import reference  # noqa: E402
 from pdserve.kernels.decode_attention import decode_with_partitions, paged_decode_attention  # noqa: E402
-from pdserve.kernels.prefill_attention import paged_prefill_attention  # noqa: E402
+from pdserve.kernels.prefill_attention import _default_tiles, paged_prefill_attention, prefill_with_tiles  # noqa: E402
 from pdserve.kernels.write_kv import write_kv  # noqa: E402
 from pdserve.runtime.kv_quant import SCALE_BYTES, layer_views  # noqa: E402
 
@@ -97,6 +97,36 @@ def test_prefill_quantized_matches_reference(qdtype, dtype) -> None:
     assert_close(out, ref)
 
 
+def _poison_unused(kv, tables: torch.Tensor, lens_list: list[int]) -> None:
+    """Slots no sequence owns get NaN codes and inf/NaN scales: they must never reach a result."""
+    used = torch.zeros(NBLOCKS, BLOCK, dtype=torch.bool, device=DEVICE)
+    for b, n in enumerate(lens_list):
+        t = torch.arange(n, device=DEVICE)
+        used[tables[b, t // BLOCK].long(), t % BLOCK] = True
+    for cache in (kv.k, kv.v):
+        cache.view(torch.uint8)[~used] = 0x7F
+    kv.k_scale[~used] = float("inf")
+    kv.v_scale[~used] = float("nan")
+
+
+@pytest.mark.parametrize("qdtype", QDTYPES)
+@pytest.mark.parametrize("pairs", [True, False], ids=["pairs", "bytes"])
+def test_prefill_quantized_cached_prefix_odd_head_dim(qdtype, pairs) -> None:
+    """Chunks after cached prefixes (a tail tile that is not full, causal masks inside the
+    chunk), a head dim that is no power of two, the cache read as byte pairs or as bytes."""
+    lens_list, qlens, d, group = [37, 70, 9], [4, 20, 9], 80, 2
+    _, kv = _quant_pool(qdtype, d)
+    tables = make_block_tables(lens_list, BLOCK, NBLOCKS, width=6)
+    _poison_unused(kv, tables, lens_list)
+    lens = torch.tensor(lens_list, dtype=torch.int32, device=DEVICE)
+    qsl = torch.tensor([0, 4, 24, 33], dtype=torch.int32, device=DEVICE)
+    q = torch.randn(sum(qlens), HK * group, d, dtype=torch.bfloat16, device=DEVICE)
+    out = prefill_with_tiles(q, kv.k, kv.v, tables, lens, qsl, 0.2, *_default_tiles(d, group), kv.k_scale,
+                             kv.v_scale, pairs=pairs)
+    assert_close(out, reference.paged_prefill_attention(q, kv.k, kv.v, tables, lens, qsl, 0.2, kv.k_scale,
+                                                        kv.v_scale))
+
+
 @pytest.mark.parametrize("qdtype,path", [
     (torch.float8_e4m3fn, dict(k_convert=False, pairs=False)), (torch.float8_e4m3fn, dict(k_convert=True, pairs=False)),
     (torch.float8_e4m3fn, dict(pairs=True)), (torch.int8, dict(pairs=False)), (torch.int8, dict(pairs=True))],
@@ -140,15 +170,7 @@ def test_decode_quantized_wide_table_odd_head_dim(qdtype, tiles, partition, off3
     _, kv = _quant_pool(qdtype, d)
     tables = make_block_tables(lens_list, BLOCK, NBLOCKS, width=NBLOCKS)
     lens = torch.tensor(lens_list, dtype=torch.int32, device=DEVICE)
-    # slots no sequence owns hold NaN codes and inf/NaN scales: they must never reach a result
-    used = torch.zeros(NBLOCKS, BLOCK, dtype=torch.bool, device=DEVICE)
-    for b, n in enumerate(lens_list):
-        t = torch.arange(n, device=DEVICE)
-        used[tables[b, t // BLOCK].long(), t % BLOCK] = True
-    for cache in (kv.k, kv.v):
-        cache.view(torch.uint8)[~used] = 0x7F
-    kv.k_scale[~used] = float("inf")
-    kv.v_scale[~used] = float("nan")
+    _poison_unused(kv, tables, lens_list)
     q = torch.randn(len(lens_list), HK * group, d, dtype=torch.bfloat16, device=DEVICE)
     how = dict(pairs=True) if tiles == "pairs" else dict(tiles=tiles, pairs=False)
     out = decode_with_partitions(q, kv.k, kv.v, tables, lens, 0.1, partition, kv.k_scale, kv.v_scale, **how,
