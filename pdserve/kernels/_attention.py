@@ -280,14 +280,14 @@ PAIR_PV_GAIN = tl.constexpr(256.0)  # attend_pairs' P V products are this many t
 
 @triton.jit
 def attend_pairs(
-    qe, qo, kc2, vc2, tok_off, head_off, dmask, tmask, valid, m_i, l_i, acc_e, acc_o, scale_log2,
+    qe, qo, kc2, vc2, tok_off, head_off, dmask, tmask, m_i, l_i, acc_e, acc_o, scale_log2,
     PRECISION: tl.constexpr, DOT_F32: tl.constexpr, ks_ptr, vs_ptr, sc_off, MASK_T: tl.constexpr,
     MASK_D: tl.constexpr, INT8: tl.constexpr = False,
 ):
     """attend_tile (quantized) over an fp8 e4m3 (int8 if INT8) cache read as 16-bit pairs of
     bytes (split by byte_pairs): kc2/vc2
     are the caches' pointers as uint16, tok_off/head_off offsets in pairs, dmask which pairs
-    are inside the head, valid [M, N] which (row, key) pairs attend (MASK_T 1). The head dim is split in even and odd elements: scores are
+    are inside the head. The head dim is split in even and odd elements: scores are
     qe @ K_even + qo @ K_odd, and acc_e/acc_o [M, D/2] accumulate P @ V_even and P @ V_odd,
     PAIR_PV_GAIN times too large (P V is rounded to fp16 scaled up, so small probabilities
     stay normal; the caller divides). MASK_T 0: every token is valid; 1: loads masked by tmask
@@ -298,7 +298,10 @@ def attend_pairs(
     byte loads and permutes (sm_90 SASS of the decode kernel's main loop per 128-token tile:
     718 instructions against 1,350 through attend_tile; 588 with 32-bit offsets;
     bench/sass_offline.py). On an H100 at 256 x 4k the kernel's compute floor (pages in L2)
-    fell from 0.636 to 0.379 ms (bench/pair_probe.py, pair-probe-h100-2026-12-07-s22a-256.json)."""
+    fell from 0.636 to 0.379 ms (bench/pair_probe.py, pair-probe-h100-2026-12-07-s22a-256.json).
+    The prefill kernel keeps byte tiles: compiled offline with pairs (sm_90, warpgroup MMAs) its
+    loop took more instructions per 64-token tile (1,561 against 1,383), Triton loading one of
+    the 16-bit tiles with scalar loads outside the pipeline (tried 2026-12-07, not kept)."""
     if MASK_T == 1:
         ld_k, ld_v = dmask[:, None] & tmask[None, :], tmask[:, None] & dmask[None, :]
     else:
@@ -308,7 +311,7 @@ def attend_pairs(
     s = mm(qe, ke, PRECISION, DOT_F32) + mm(qo, ko, PRECISION, DOT_F32)
     s = s * (_ld(ks_ptr + sc_off, tmask, MASK_T == 1) * scale_log2)[None, :]
     if MASK_T == 1:
-        s = tl.where(valid, s, float("-inf"))
+        s = tl.where(tmask[None, :], s, float("-inf"))
     m_new, alpha, p, l_i = online_softmax(s, m_i, l_i)
     pv = p * (_ld(vs_ptr + sc_off, tmask, MASK_T == 1) * PAIR_PV_GAIN)[None, :]
     if not DOT_F32:

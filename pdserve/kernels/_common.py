@@ -155,17 +155,3 @@ def num_sms(device_index: int) -> int:
 def dot_precision(dtype: torch.dtype) -> str:
     """fp32 inputs get full-precision dots (tf32 would break the 1e-4 contract)."""
     return "ieee" if dtype == torch.float32 else "tf32"
-
-
-def choose_pairs(pairs: bool | None, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 quant: bool) -> bool:
-    """Whether the attention kernels read the caches as 16-bit pairs of bytes
-    (_attention.attend_pairs): asked (pairs), else wherever it applies: an fp8/int8 cache
-    [N, S, Hk, D] with an even head dim of at least 32 (the split halves feed dots of >= 16),
-    even strides, addresses and storage offsets, and bf16/fp16 queries."""
-    can = quant and q.dtype != torch.float32 and all(
-        c.element_size() == 1 and c.shape[-1] % 2 == 0 and c.shape[-1] >= 32 and c.stride(-1) == 1
-        and all(st % 2 == 0 for st in c.stride()[:-1]) and c.data_ptr() % 2 == 0 for c in (k_cache, v_cache))
-    assert not pairs or can, ("pairs needs an fp8 e4m3 or int8 cache with an even head dim >= 32, even strides "
-                              "and addresses, and bf16/fp16 queries")
-    return can if pairs is None else pairs

@@ -21,7 +21,7 @@ import triton.language as tl
 
 from pdserve.kernels._attention import PAIR_PV_GAIN, attend_pairs, attend_tile, paged_offsets, query_for
 from pdserve.kernels._common import check_attention_inputs, check_device, check_dim, check_dtype
-from pdserve.kernels._common import check_scales, choose_pairs
+from pdserve.kernels._common import check_scales
 from pdserve.kernels._common import dot_precision, interpreting, next_pow2, num_sms
 from pdserve.kernels.reference import QUANT_MAX
 from pdserve.kernels.rotary import rotated_heads
@@ -83,7 +83,7 @@ def _attend_pairs_from(
     tmask = t < end
     tok_off, sc_off = paged_offsets(bt_row, t, tmask, stride_cn2, stride_cs2, kvh, stride_sn,
                                     stride_ss, stride_sh, S, True, MASK_T, 0, OFF32)
-    return attend_pairs(qe, qo, kc2, vc2, tok_off, head_off, dmask, tmask, tmask[None, :], m_i, l_i, acc_e, acc_o,
+    return attend_pairs(qe, qo, kc2, vc2, tok_off, head_off, dmask, tmask, m_i, l_i, acc_e, acc_o,
                         scale_log2, PRECISION, DOT_F32, ks_ptr, vs_ptr, sc_off, MASK_T, MASK_D, INT8)
 
 
@@ -269,6 +269,20 @@ def offsets_fit_int32(*views: torch.Tensor, unit: int = 1) -> bool:
     instead of 718; bench/sass_offline.py)."""
     return all(sum((n - 1) * st for n, st in zip(v.shape, v.stride())) // unit < 2**31 - 1
                for v in views if v.numel())
+
+
+def choose_pairs(pairs: bool | None, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 quant: bool) -> bool:
+    """Whether the decode kernel reads the caches as 16-bit pairs of bytes
+    (_attention.attend_pairs): asked (pairs), else wherever it applies: an fp8/int8 cache
+    [N, S, Hk, D] with an even head dim of at least 32 (the split halves feed dots of >= 16),
+    even strides, addresses and storage offsets, and bf16/fp16 queries."""
+    can = quant and q.dtype != torch.float32 and all(
+        c.element_size() == 1 and c.shape[-1] % 2 == 0 and c.shape[-1] >= 32 and c.stride(-1) == 1
+        and all(st % 2 == 0 for st in c.stride()[:-1]) and c.data_ptr() % 2 == 0 for c in (k_cache, v_cache))
+    assert not pairs or can, ("pairs needs an fp8 e4m3 or int8 cache with an even head dim >= 32, even strides "
+                              "and addresses, and bf16/fp16 queries")
+    return can if pairs is None else pairs
 
 
 def paged_decode_attention(

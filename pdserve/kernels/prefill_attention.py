@@ -17,9 +17,9 @@ import torch
 import triton
 import triton.language as tl
 
-from pdserve.kernels._attention import PAIR_PV_GAIN, attend_pairs, attend_tile, paged_offsets, query_for
+from pdserve.kernels._attention import attend_tile, paged_offsets, query_for
 from pdserve.kernels._common import check_attention_inputs, check_device, check_dim, check_dtype
-from pdserve.kernels._common import check_scales, choose_pairs
+from pdserve.kernels._common import check_scales
 from pdserve.kernels._common import dot_precision, interpreting, next_pow2
 
 
@@ -45,10 +45,8 @@ def _prefill_kernel(
     scale_log2, head_dim, num_seqs,
     G: tl.constexpr, S: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    PRECISION: tl.constexpr, DOT_F32: tl.constexpr, QUANT: tl.constexpr, PAIRS: tl.constexpr = False,
+    PRECISION: tl.constexpr, DOT_F32: tl.constexpr, QUANT: tl.constexpr,
 ):
-    """PAIRS: an fp8/int8 cache read as 16-bit pairs of bytes, the head dim split in even and
-    odd elements (see _attention.attend_pairs)."""
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
     b = _find_sequence(qsl_ptr, pid, num_seqs, BLOCK_Q)
@@ -75,37 +73,18 @@ def _prefill_kernel(
     kv_end = seq_len - n_q + tl.minimum(tile * BLOCK_Q + BLOCK_Q, n_q)
     kv_end = tl.where(tile * BLOCK_Q < n_q, kv_end, 0)
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
-    if PAIRS:
-        INT8: tl.constexpr = kc_ptr.dtype.element_ty == tl.int8
-        qe, qo = tl.split(tl.reshape(q, [BLOCK_M, D_PAD // 2, 2]))
-        acc_e = tl.zeros([BLOCK_M, D_PAD // 2], tl.float32)
-        acc_o = tl.zeros([BLOCK_M, D_PAD // 2], tl.float32)
-        j = tl.arange(0, D_PAD // 2)
-        kc2 = kc_ptr.to(tl.pointer_type(tl.uint16))
-        vc2 = vc_ptr.to(tl.pointer_type(tl.uint16))
-        for t0 in range(0, kv_end, BLOCK_N):
-            t = t0 + tl.arange(0, BLOCK_N)
-            tmask = t < kv_end
-            tok_off, sc_off = paged_offsets(bt_row, t, tmask, stride_cn // 2, stride_cs // 2, kvh, stride_sn,
-                                            stride_ss, stride_sh, S, True)
-            m_i, l_i, acc_e, acc_o = attend_pairs(
-                qe, qo, kc2, vc2, tok_off, kvh * (stride_ch // 2) + j, 2 * j < head_dim, tmask,
-                tmask[None, :] & (t[None, :] <= q_pos[:, None]), m_i, l_i, acc_e, acc_o, scale_log2,
-                PRECISION, DOT_F32, ks_ptr, vs_ptr, sc_off, 1, True, INT8)
-        acc = tl.reshape(tl.join(acc_e, acc_o), [BLOCK_M, D_PAD]) * (1.0 / PAIR_PV_GAIN)
-    else:
-        head_off = kvh * stride_ch + d
-        for t0 in range(0, kv_end, BLOCK_N):
-            t = t0 + tl.arange(0, BLOCK_N)
-            tmask = t < kv_end
-            tok_off, sc_off = paged_offsets(bt_row, t, tmask, stride_cn, stride_cs, kvh, stride_sn,
-                                            stride_ss, stride_sh, S, QUANT)
-            valid = tmask[None, :] & (t[None, :] <= q_pos[:, None])
-            m_i, l_i, acc = attend_tile(
-                q, kc_ptr, vc_ptr, tok_off, head_off, dmask, tmask, valid,
-                m_i, l_i, acc, scale_log2, PRECISION, DOT_F32, ks_ptr, vs_ptr, sc_off, QUANT,
-                True, True,
-            )
+    head_off = kvh * stride_ch + d
+    for t0 in range(0, kv_end, BLOCK_N):
+        t = t0 + tl.arange(0, BLOCK_N)
+        tmask = t < kv_end
+        tok_off, sc_off = paged_offsets(bt_row, t, tmask, stride_cn, stride_cs, kvh, stride_sn,
+                                        stride_ss, stride_sh, S, QUANT)
+        valid = tmask[None, :] & (t[None, :] <= q_pos[:, None])
+        m_i, l_i, acc = attend_tile(
+            q, kc_ptr, vc_ptr, tok_off, head_off, dmask, tmask, valid,
+            m_i, l_i, acc, scale_log2, PRECISION, DOT_F32, ks_ptr, vs_ptr, sc_off, QUANT,
+            True, True,
+        )
     o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     dst = out_ptr + tok[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :]
     tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=io_mask)
@@ -160,15 +139,10 @@ def prefill_with_tiles(
     num_warps: int = 4,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
-    *,
-    pairs: bool | None = None,
 ) -> torch.Tensor:
-    """paged_prefill_attention with explicit tile sizes (powers of two >= 16, BLOCK_M >= G).
-    pairs (default: wherever it applies, see choose_pairs): an fp8/int8 cache
-    is read as 16-bit pairs of bytes (see attend_pairs)."""
+    """paged_prefill_attention with explicit tile sizes (powers of two >= 16, BLOCK_M >= G)."""
     quant = check_scales(k_cache, k_scale, v_scale)
     group, d = check_attention_inputs(q, k_cache, v_cache, block_tables, quant)
-    pairs = choose_pairs(pairs, q, k_cache, v_cache, quant)
     for name, t in (("seq_lens", seq_lens), ("query_start_loc", query_start_loc)):
         check_dim(name, t, 1)
         check_dtype(name, t, (torch.int32,))
@@ -196,7 +170,7 @@ def prefill_with_tiles(
         scale * math.log2(math.e), d, b,
         G=group, S=s, D_PAD=max(16, next_pow2(d)),
         BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n,
-        PRECISION=dot_precision(q.dtype), DOT_F32=interpreting(), QUANT=quant, PAIRS=pairs,
+        PRECISION=dot_precision(q.dtype), DOT_F32=interpreting(), QUANT=quant,
         num_warps=num_warps, num_stages=2,
     )
     return out

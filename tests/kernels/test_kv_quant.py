@@ -12,7 +12,7 @@ from kernel_helpers import DEVICE, DTYPES, assert_close, make_block_tables  # no
 
 from pdserve.kernels import reference  # noqa: E402
 from pdserve.kernels.decode_attention import decode_with_partitions, paged_decode_attention  # noqa: E402
-from pdserve.kernels.prefill_attention import _default_tiles, paged_prefill_attention, prefill_with_tiles  # noqa: E402
+from pdserve.kernels.prefill_attention import paged_prefill_attention  # noqa: E402
 from pdserve.kernels.write_kv import write_kv  # noqa: E402
 from pdserve.runtime.kv_quant import SCALE_BYTES, layer_views  # noqa: E402
 
@@ -110,10 +110,9 @@ def _poison_unused(kv, tables: torch.Tensor, lens_list: list[int]) -> None:
 
 
 @pytest.mark.parametrize("qdtype", QDTYPES)
-@pytest.mark.parametrize("pairs", [True, False], ids=["pairs", "bytes"])
-def test_prefill_quantized_cached_prefix_odd_head_dim(qdtype, pairs) -> None:
+def test_prefill_quantized_cached_prefix_odd_head_dim(qdtype) -> None:
     """Chunks after cached prefixes (a tail tile that is not full, causal masks inside the
-    chunk), a head dim that is no power of two, the cache read as byte pairs or as bytes."""
+    chunk), a head dim that is no power of two, unused slots poisoned."""
     lens_list, qlens, d, group = [37, 70, 9], [4, 20, 9], 80, 2
     _, kv = _quant_pool(qdtype, d)
     tables = make_block_tables(lens_list, BLOCK, NBLOCKS, width=6)
@@ -121,8 +120,7 @@ def test_prefill_quantized_cached_prefix_odd_head_dim(qdtype, pairs) -> None:
     lens = torch.tensor(lens_list, dtype=torch.int32, device=DEVICE)
     qsl = torch.tensor([0, 4, 24, 33], dtype=torch.int32, device=DEVICE)
     q = torch.randn(sum(qlens), HK * group, d, dtype=torch.bfloat16, device=DEVICE)
-    out = prefill_with_tiles(q, kv.k, kv.v, tables, lens, qsl, 0.2, *_default_tiles(d, group), kv.k_scale,
-                             kv.v_scale, pairs=pairs)
+    out = paged_prefill_attention(q, kv.k, kv.v, tables, lens, qsl, 0.2, kv.k_scale, kv.v_scale)
     assert_close(out, reference.paged_prefill_attention(q, kv.k, kv.v, tables, lens, qsl, 0.2, kv.k_scale,
                                                         kv.v_scale))
 
