@@ -44,15 +44,17 @@ def _load(ptr, k, kmask, EVEN_K: tl.constexpr):
 
 
 @triton.jit
-def _prefetch_l2(ptrs):
-    """Ask L2 for the 128-byte lines at ptrs (no registers filled, nothing waits for them)."""
-    tl.inline_asm_elementwise("prefetch.global.L2::evict_last [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
-                              dtype=tl.int32, is_pure=False, pack=1)
+def _prefetch_l2(ptrs, live):
+    """Ask L2 for the 128-byte lines at ptrs where live (no registers filled, nothing waits
+    for them)."""
+    tl.inline_asm_elementwise(
+        "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, $2, 0;\n\t@p prefetch.global.L2::evict_last [$1];\n\t"
+        "mov.u32 $0, 0;\n\t}", "=r,l,r", [ptrs, live.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["pf_lines", "pf_per"])  # a variant per prefetch size otherwise
 def _gemv_kernel(
-    x_ptr, r_ptr, g_ptr, sum_ptr, w_ptr, b_ptr, out_ptr, pf_ptr, n_out, k_in, stride_w, eps, pf_lines,
+    x_ptr, r_ptr, g_ptr, sum_ptr, w_ptr, b_ptr, out_ptr, pf_ptr, n_out, k_in, stride_w, eps, pf_lines, pf_per,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr,
     NORM: tl.constexpr, HAS_RES: tl.constexpr, PF_LINES: tl.constexpr, GLU: tl.constexpr,
 ):
@@ -97,8 +99,9 @@ def _gemv_kernel(
     else:
         tl.store(out_ptr + n, y.to(out_ptr.dtype.element_ty), mask=nmask)
     if PF_LINES > 0:  # warm L2 with the start of the next projection's weights: its ramp
-        line = tl.minimum(pid * PF_LINES + tl.arange(0, PF_LINES), pf_lines - 1)
-        _prefetch_l2(pf_ptr + line.to(tl.int64) * 128)
+        i = tl.arange(0, PF_LINES)  # pf_per <= PF_LINES lines each, every line once
+        line = pid * pf_per + i
+        _prefetch_l2(pf_ptr + line.to(tl.int64) * 128, (i < pf_per) & (line < pf_lines))
 
 
 def _check_row(x: torch.Tensor) -> None:
@@ -112,10 +115,11 @@ def _launch(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
     summed: torch.Tensor | None = None, eps: float = 0.0, *, block_n: int, block_k: int, num_warps: int,
-    prefetch: torch.Tensor | None = None, glu: bool = False,
+    prefetch: torch.Tensor | None = None, glu: bool = False, prefetch_bytes: int | None = None,
 ) -> torch.Tensor:
     """Check the weight and knobs, and run the kernel over the row x (normed with norm_weight);
-    at its end the programs ask L2 for the first PREFETCH_BYTES of `prefetch` (CUDA only).
+    at its end the programs ask L2 for the first prefetch_bytes (default PREFETCH_BYTES) of
+    `prefetch` (CUDA only).
     glu: the weight is [gate; up] (2I rows) and the result silu(gate) * up [1, I]."""
     check_dim("weight", weight, 2)
     check_last_contiguous("weight", weight)
@@ -138,13 +142,14 @@ def _launch(
     if n == 0:
         return out
     grid = triton.cdiv(n_out, block_n // 2 if glu else block_n)
-    pf, pf_lines, per_program = _prefetch_plan(prefetch, x.device, grid)
+    pf, pf_lines, per_program = _prefetch_plan(prefetch, x.device, grid, prefetch_bytes)
     _gemv_kernel[(grid,)](
         x, residual if residual is not None else x, norm_weight if norm_weight is not None else x,
         summed if summed is not None else x, weight, bias if bias is not None else weight, out,
-        pf if pf is not None else out, n_out, k, weight.stride(0), float(eps), pf_lines,
+        pf if pf is not None else out, n_out, k, weight.stride(0), float(eps), pf_lines, per_program,
         BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=k % block_k == 0, HAS_BIAS=bias is not None,
-        NORM=norm_weight is not None, HAS_RES=residual is not None, PF_LINES=per_program, GLU=glu,
+        NORM=norm_weight is not None, HAS_RES=residual is not None, PF_LINES=next_pow2(per_program) if per_program else 0,
+        GLU=glu,
         num_warps=num_warps,
     )
     return out
@@ -156,16 +161,17 @@ def _launch(
 PREFETCH_BYTES = 4 << 20
 
 
-def _prefetch_plan(prefetch: torch.Tensor | None, device: torch.device, grid: int
+def _prefetch_plan(prefetch: torch.Tensor | None, device: torch.device, grid: int, nbytes: int | None = None
                    ) -> tuple[torch.Tensor | None, int, int]:
     """(bytes view, lines to prefetch, lines per program; 0: none) for `prefetch`'s first
-    PREFETCH_BYTES. Off in the interpreter (no PTX) and for tensors elsewhere."""
-    if (prefetch is None or PREFETCH_BYTES <= 0 or interpreting() or not prefetch.is_contiguous()
+    nbytes (default PREFETCH_BYTES). Off in the interpreter (no PTX) and for tensors elsewhere."""
+    nbytes = PREFETCH_BYTES if nbytes is None else nbytes
+    if (prefetch is None or nbytes <= 0 or interpreting() or not prefetch.is_contiguous()
             or prefetch.device != device or prefetch.numel() == 0):
         return None, 1, 0
     flat = prefetch.reshape(-1).view(torch.uint8)
-    lines = triton.cdiv(min(flat.numel(), PREFETCH_BYTES), 128)
-    return flat, lines, next_pow2(triton.cdiv(lines, grid))
+    lines = triton.cdiv(min(flat.numel(), nbytes), 128)
+    return flat, lines, triton.cdiv(lines, grid)
 
 
 def gemv(
@@ -184,7 +190,7 @@ def norm_gemv(
     x: torch.Tensor, norm_weight: torch.Tensor, eps: float, residual: torch.Tensor | None,
     weight: torch.Tensor, bias: torch.Tensor | None = None,
     *, block_n: int = 8, block_k: int = 512, num_warps: int = 4, prefetch: torch.Tensor | None = None,
-    glu: bool = False,
+    glu: bool = False, prefetch_bytes: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """rms_norm then gemv in one kernel: (gemv(norm(x + residual) * norm_weight), x + residual);
     without a residual the second result is x itself (as in reference.rms_norm). glu: the
@@ -205,7 +211,8 @@ def norm_gemv(
     else:
         check_device(x=x, norm_weight=norm_weight)
     out = _launch(x, weight, bias, residual, norm_weight, summed, eps,
-                  block_n=block_n, block_k=block_k, num_warps=num_warps, prefetch=prefetch, glu=glu)
+                  block_n=block_n, block_k=block_k, num_warps=num_warps, prefetch=prefetch, glu=glu,
+                  prefetch_bytes=prefetch_bytes)
     if residual is not None and weight.shape[0] == 0:  # no program ran to store the sum
         summed.copy_(x + residual)
     return out, summed
@@ -240,12 +247,14 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 def norm_linear(
     x: torch.Tensor, norm_weight: torch.Tensor, eps: float, residual: torch.Tensor | None,
     weight: torch.Tensor, bias: torch.Tensor | None = None, prefetch: torch.Tensor | None = None,
+    prefetch_bytes: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """reference.norm_linear: one fused kernel for a batch-1 row, else rms_norm and F.linear."""
+    """reference.norm_linear: one fused kernel for a batch-1 row, else rms_norm and F.linear.
+    prefetch_bytes: how much of `prefetch` to warm (default PREFETCH_BYTES)."""
     if _one_row(x, weight) and (residual is None or residual.stride(-1) == 1):
         bn, bk, warps = gemv_tiles(*weight.shape)
         return norm_gemv(x, norm_weight, eps, residual, weight, bias,
-                         block_n=bn, block_k=bk, num_warps=warps, prefetch=prefetch)
+                         block_n=bn, block_k=bk, num_warps=warps, prefetch=prefetch, prefetch_bytes=prefetch_bytes)
     normed, summed = rms_norm(x, norm_weight, eps, residual)
     return torch.nn.functional.linear(normed, weight, bias), summed
 
