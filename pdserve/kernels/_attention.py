@@ -275,7 +275,16 @@ def attend_tile(
     return m_new, l_i, acc
 
 
-PAIR_PV_GAIN = tl.constexpr(256.0)  # attend_pairs' P V products are this many times too large
+@triton.jit
+def pair_pv_gain(INT8: tl.constexpr):
+    """How many times too large attend_pairs' P V products are: P times the V scales is rounded to
+    fp16 scaled up, so small probabilities stay normal, within the range of the values (int8
+    values reach 127 against e4m3's 448, and their scales are absmax / 127: a gain of 256 would
+    overflow fp16 from V values of 32k up, 16 only from 520k; e4m3 with 256 from 114k)."""
+    if INT8:
+        return 16.0
+    else:
+        return 256.0
 
 
 @triton.jit
@@ -285,13 +294,11 @@ def attend_pairs(
     MASK_D: tl.constexpr, INT8: tl.constexpr = False,
 ):
     """attend_tile (quantized) over an fp8 e4m3 (int8 if INT8) cache read as 16-bit pairs of
-    bytes (split by byte_pairs): kc2/vc2
-    are the caches' pointers as uint16, tok_off/head_off offsets in pairs, dmask which pairs
-    are inside the head. The head dim is split in even and odd elements: scores are
-    qe @ K_even + qo @ K_odd, and acc_e/acc_o [M, D/2] accumulate P @ V_even and P @ V_odd,
-    PAIR_PV_GAIN times too large (P V is rounded to fp16 scaled up, so small probabilities
-    stay normal; the caller divides). MASK_T 0: every token is valid; 1: loads masked by tmask
-    (zeros: the hardware convert turns NaN codes into NaN, which a zero probability would
+    bytes (split by byte_pairs): kc2/vc2 are the caches' pointers as uint16, tok_off/head_off
+    offsets in pairs, dmask which pairs are inside the head. The head dim is split in even and
+    odd elements: scores are qe @ K_even + qo @ K_odd, and acc_e/acc_o [M, D/2] accumulate
+    P @ V_even and P @ V_odd, pair_pv_gain(INT8) times too large (the caller divides).
+    MASK_T 0: every token is valid; 1: loads masked by tmask (zeros: the hardware convert turns NaN codes into NaN, which a zero probability would
     not cancel in P @ V, so attend_tile's unmasked MASK_T 2 is not offered). Why: 16-bit tiles
     move from shared memory into the dot operands by ldmatrix, as bf16 ones do, and split
     into fp16 with the hardware convert (see e4m3_pairs), where a byte tile goes through
@@ -313,7 +320,7 @@ def attend_pairs(
     if MASK_T == 1:
         s = tl.where(tmask[None, :], s, float("-inf"))
     m_new, alpha, p, l_i = online_softmax(s, m_i, l_i)
-    pv = p * (_ld(vs_ptr + sc_off, tmask, MASK_T == 1) * PAIR_PV_GAIN)[None, :]
+    pv = p * (_ld(vs_ptr + sc_off, tmask, MASK_T == 1) * pair_pv_gain(INT8))[None, :]
     if not DOT_F32:
         pv = pv.to(tl.float16)
     ve, vo = byte_pairs(_ld(vc2 + tok_off[:, None] + head_off[None, :], ld_v, masked), INT8, DOT_F32)

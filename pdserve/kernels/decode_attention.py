@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pdserve.kernels._attention import PAIR_PV_GAIN, attend_pairs, attend_tile, paged_offsets, query_for
+from pdserve.kernels._attention import attend_pairs, attend_tile, paged_offsets, pair_pv_gain, query_for
 from pdserve.kernels._common import check_attention_inputs, check_device, check_dim, check_dtype
 from pdserve.kernels._common import check_scales
 from pdserve.kernels._common import dot_precision, interpreting, next_pow2, num_sms
@@ -195,7 +195,7 @@ def _decode_kernel(
                 full_end, end, qe, qo, kc2, vc2, ks_ptr, vs_ptr, bt_row, head_off2, 2 * j < head_dim, kvh, m_i,
                 l_i, acc_e, acc_o, stride_cn // 2, stride_cs // 2, stride_sn, stride_ss, stride_sh, scale_log2,
                 S, BLOCK_N, PRECISION, DOT_F32, 1, not EVEN_D, OFF32, INT8)
-        acc = tl.reshape(tl.join(acc_e, acc_o), [G_PAD, D_PAD]) * (1.0 / PAIR_PV_GAIN)
+        acc = tl.reshape(tl.join(acc_e, acc_o), [G_PAD, D_PAD]) / pair_pv_gain(INT8)
     elif TILES == 2:  # quantized: one loop, unmasked loads (see attend_tile's MASK_T 2)
         for t0 in range(start, end, BLOCK_N):
             m_i, l_i, acc = _attend_from(

@@ -176,6 +176,27 @@ def test_decode_quantized_wide_table_odd_head_dim(qdtype, tiles, partition, off3
     assert_close(out, reference.paged_decode_attention(q, kv.k, kv.v, tables, lens, 0.1, kv.k_scale, kv.v_scale))
 
 
+@pytest.mark.parametrize("qdtype", QDTYPES)
+def test_pairs_keep_large_values_finite(qdtype: torch.dtype) -> None:
+    """Values up to 1e5 (past where int8 pairs with fp8's P V gain would overflow fp16 on a GPU,
+    and within e4m3's): the pairs path stays close to the reference, relative to the scale."""
+    lens_list, d, big = [40, 77], 64, 1e5
+    pool = torch.zeros(1, 2, NBLOCKS, BLOCK, HK, d + SCALE_BYTES, dtype=qdtype, device=DEVICE)
+    kv = layer_views(pool, 0, d)
+    for cache, sc, mag in ((kv.k, kv.k_scale, 1.0), (kv.v, kv.v_scale, big)):
+        x = torch.randn(NBLOCKS, BLOCK, HK, d, device=DEVICE)
+        xq, scale = reference.quantize_rows(x * mag / x.abs().amax(-1, keepdim=True), qdtype)
+        cache.copy_(xq)
+        sc.copy_(scale)
+    tables = make_block_tables(lens_list, BLOCK, NBLOCKS, width=8)
+    lens = torch.tensor(lens_list, dtype=torch.int32, device=DEVICE)
+    q = torch.randn(len(lens_list), HK * 4, d, dtype=torch.bfloat16, device=DEVICE)
+    out = decode_with_partitions(q, kv.k, kv.v, tables, lens, 0.125, 16, kv.k_scale, kv.v_scale, pairs=True)
+    ref = reference.paged_decode_attention(q, kv.k, kv.v, tables, lens, 0.125, kv.k_scale, kv.v_scale)
+    assert torch.isfinite(out).all()
+    assert_close(out / big, ref / big)
+
+
 def test_pairs_refused_where_they_do_not_apply() -> None:
     """pairs=True over a head dim of 16, a bf16 cache or float32 queries: a clear error."""
     tables = torch.zeros(1, 1, dtype=torch.int32, device=DEVICE)
