@@ -56,7 +56,9 @@ def test_transformers_loads_with_pdserve_installed(tiny_model) -> None:
 
     found = importlib.util.find_spec("kernels")
     ours = Path(pdserve.kernels.__file__).parent
-    assert found is None or Path(found.origin).parent != ours  # absent, or the PyPI package
+    # absent, the PyPI package, or a namespace package (origin None: pytest puts tests/ on the
+    # path, and tests/kernels has no __init__.py; the device machine has no PyPI `kernels`)
+    assert found is None or found.origin is None or Path(found.origin).parent != ours
     model = AutoModelForCausalLM.from_pretrained(tiny_model("llama"), dtype=torch.float32)
     assert len(hf_greedy_model(model, [5, 6, 7], 4)) == 4
 
