@@ -10,9 +10,9 @@ with the KV write (rotary_write_kv), or separate kernels; the SiLU-and-mul insid
 gemv (norm_glu) or its own kernel; the rotary embedding and KV write inside the decode
 attention kernel (decode_rotary_attention, since 2026-12-05) or before it; cuBLASLt for torch's
 GEMMs or cuBLAS; the pool's storage read with head-major blocks (head_major: no gain for bf16,
-bench/results/ab-decode-layout-h100-2026-12-06-s17-*.json); the qkv gemv warming 8/16/32 MiB of
-the o weight into L2 instead of 4 (pf_attn*: at batch 1 HBM idles through the attention between
-them). (The "no_glu" variant, SiLU-and-mul apart from the gemv, was measured in
+bench/results/ab-decode-layout-h100-2026-12-06-s17-*.json). (The qkv gemv warming 8/16/32 MiB of
+the o weight into L2 instead of 4, through the attention between them: even or slower,
+bench/results/ab-decode-pf-attn-h100-2026-12-07-s23b-*.json from 802aa16.) (The "no_glu" variant, SiLU-and-mul apart from the gemv, was measured in
 bench/results/ab-decode-glu-h200-2026-12-04-s9.json.) (The L2 warm-up at 4/8/16 MiB against none:
 bench/results/ab-decode-l2-prefetch-h200-2026-12-04-s9.json, from next/l2-prefetch d1c5806.)
 (bench/results/ab-decode-h200-2026-12-03-s8.json came from commit 98a4f89, whose variants also
@@ -81,7 +81,6 @@ class Variant:
     split_per_sm: int = 2  # decode attention splits sequences until this many programs per SM
     table_tokens: int = 0  # the graphs' block-table width in tokens (0: the runner's model length)
     head_major: bool = False  # cache blocks read as [Hk, S, D] (a head's page contiguous), not [S, Hk, D]
-    attn_prefetch: int | None = None  # bytes of o the qkv gemv warms into L2 (None: prefetch's)
 
 
 VARIANTS = {
@@ -93,10 +92,6 @@ VARIANTS = {
     "table256": Variant(table_tokens=256),  # graphs for short contexts: one attention partition
     "table1k": Variant(table_tokens=1024),
     "head_major": Variant(head_major=True),
-    # the qkv gemv warms more of o into L2, through the attention between them (2026-12-07)
-    "pf_attn8": Variant(attn_prefetch=8 << 20),
-    "pf_attn16": Variant(attn_prefetch=16 << 20),
-    "pf_attn32": Variant(attn_prefetch=32 << 20),
 }
 
 
@@ -108,8 +103,7 @@ def head_major_view(pool: torch.Tensor) -> torch.Tensor:
     return pool.as_strided(pool.shape, strides, pool.storage_offset())
 
 
-def apply(v: Variant, runner: ModelRunner) -> None:
-    runner.model.attn_prefetch_bytes = v.attn_prefetch
+def apply(v: Variant) -> None:
     ops.norm_linear = gemv.norm_linear if v.norm else unfused_norm_linear
     ops.norm_glu = gemv.norm_glu if v.glu else unfused_norm_glu
     ops.rotary_write_kv = rotary_write_kv if v.rotary else unfused_rotary_write_kv
@@ -144,7 +138,7 @@ def main() -> None:
     tokens: dict[str, int] = {}
     for _ in range(a.rounds):
         for name, variant in variants.items():
-            apply(variant, runner)
+            apply(variant)
             runner.kv_pool = pools[variant.head_major]
             runner.graphs = DecodeGraphs(runner.model, runner.kv_pool, block_size=BS,
                                          max_model_len=variant.table_tokens or runner.max_model_len,

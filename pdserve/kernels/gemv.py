@@ -115,11 +115,10 @@ def _launch(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
     summed: torch.Tensor | None = None, eps: float = 0.0, *, block_n: int, block_k: int, num_warps: int,
-    prefetch: torch.Tensor | None = None, glu: bool = False, prefetch_bytes: int | None = None,
+    prefetch: torch.Tensor | None = None, glu: bool = False,
 ) -> torch.Tensor:
     """Check the weight and knobs, and run the kernel over the row x (normed with norm_weight);
-    at its end the programs ask L2 for the first prefetch_bytes (default PREFETCH_BYTES) of
-    `prefetch` (CUDA only).
+    at its end the programs ask L2 for the first PREFETCH_BYTES of `prefetch` (CUDA only).
     glu: the weight is [gate; up] (2I rows) and the result silu(gate) * up [1, I]."""
     check_dim("weight", weight, 2)
     check_last_contiguous("weight", weight)
@@ -142,7 +141,7 @@ def _launch(
     if n == 0:
         return out
     grid = triton.cdiv(n_out, block_n // 2 if glu else block_n)
-    pf, pf_lines, per_program = _prefetch_plan(prefetch, x.device, grid, prefetch_bytes)
+    pf, pf_lines, per_program = _prefetch_plan(prefetch, x.device, grid)
     _gemv_kernel[(grid,)](
         x, residual if residual is not None else x, norm_weight if norm_weight is not None else x,
         summed if summed is not None else x, weight, bias if bias is not None else weight, out,
@@ -157,20 +156,24 @@ def _launch(
 
 # ~1 us of HBM reads at 4 TB/s, about a gemv kernel's ramp-up: 4 MiB beat 8 and 16 on an H200
 # (batch-1 step 4.670 ms vs 4.706 without on Llama-3.1-8B, 4.548 vs 4.697 on Qwen2.5-7B;
-# bench/results/branches-h200-2026-12-04-s9.log)
+# bench/results/branches-h200-2026-12-04-s9.log). The qkv gemv warming 8/16/32 MiB of o, through
+# the attention between them, was even or slower on an H100 (6.122/6.184/6.255 ms per step vs
+# 6.147 at 128 ctx, 6.410/6.470/6.590 vs 6.377 at 4k; ab-decode-pf-attn-h100-2026-12-07-s23b-*.json,
+# from 802aa16) and was not kept.
 PREFETCH_BYTES = 4 << 20
 
 
-def _prefetch_plan(prefetch: torch.Tensor | None, device: torch.device, grid: int, nbytes: int | None = None
+def _prefetch_plan(prefetch: torch.Tensor | None, device: torch.device, grid: int
                    ) -> tuple[torch.Tensor | None, int, int]:
     """(bytes view, lines to prefetch, lines per program; 0: none) for `prefetch`'s first
-    nbytes (default PREFETCH_BYTES). Off in the interpreter (no PTX) and for tensors elsewhere."""
-    nbytes = PREFETCH_BYTES if nbytes is None else nbytes
-    if (prefetch is None or nbytes <= 0 or interpreting() or not prefetch.is_contiguous()
+    PREFETCH_BYTES, each line asked for once (before 2026-12-07 the lines per program were
+    rounded up to a power of two and programs past the budget re-asked for its last line).
+    Off in the interpreter (no PTX) and for tensors elsewhere."""
+    if (prefetch is None or PREFETCH_BYTES <= 0 or interpreting() or not prefetch.is_contiguous()
             or prefetch.device != device or prefetch.numel() == 0):
         return None, 1, 0
     flat = prefetch.reshape(-1).view(torch.uint8)
-    lines = triton.cdiv(min(flat.numel(), nbytes), 128)
+    lines = triton.cdiv(min(flat.numel(), PREFETCH_BYTES), 128)
     return flat, lines, triton.cdiv(lines, grid)
 
 
@@ -190,7 +193,7 @@ def norm_gemv(
     x: torch.Tensor, norm_weight: torch.Tensor, eps: float, residual: torch.Tensor | None,
     weight: torch.Tensor, bias: torch.Tensor | None = None,
     *, block_n: int = 8, block_k: int = 512, num_warps: int = 4, prefetch: torch.Tensor | None = None,
-    glu: bool = False, prefetch_bytes: int | None = None,
+    glu: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """rms_norm then gemv in one kernel: (gemv(norm(x + residual) * norm_weight), x + residual);
     without a residual the second result is x itself (as in reference.rms_norm). glu: the
@@ -211,8 +214,7 @@ def norm_gemv(
     else:
         check_device(x=x, norm_weight=norm_weight)
     out = _launch(x, weight, bias, residual, norm_weight, summed, eps,
-                  block_n=block_n, block_k=block_k, num_warps=num_warps, prefetch=prefetch, glu=glu,
-                  prefetch_bytes=prefetch_bytes)
+                  block_n=block_n, block_k=block_k, num_warps=num_warps, prefetch=prefetch, glu=glu)
     if residual is not None and weight.shape[0] == 0:  # no program ran to store the sum
         summed.copy_(x + residual)
     return out, summed
@@ -247,14 +249,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 def norm_linear(
     x: torch.Tensor, norm_weight: torch.Tensor, eps: float, residual: torch.Tensor | None,
     weight: torch.Tensor, bias: torch.Tensor | None = None, prefetch: torch.Tensor | None = None,
-    prefetch_bytes: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """reference.norm_linear: one fused kernel for a batch-1 row, else rms_norm and F.linear.
-    prefetch_bytes: how much of `prefetch` to warm (default PREFETCH_BYTES)."""
+    """reference.norm_linear: one fused kernel for a batch-1 row, else rms_norm and F.linear."""
     if _one_row(x, weight) and (residual is None or residual.stride(-1) == 1):
         bn, bk, warps = gemv_tiles(*weight.shape)
         return norm_gemv(x, norm_weight, eps, residual, weight, bias,
-                         block_n=bn, block_k=bk, num_warps=warps, prefetch=prefetch, prefetch_bytes=prefetch_bytes)
+                         block_n=bn, block_k=bk, num_warps=warps, prefetch=prefetch)
     normed, summed = rms_norm(x, norm_weight, eps, residual)
     return torch.nn.functional.linear(normed, weight, bias), summed
 

@@ -37,10 +37,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 def norm_linear(
     x: torch.Tensor, norm_weight: torch.Tensor, eps: float, residual: torch.Tensor | None,
     weight: torch.Tensor, bias: torch.Tensor | None = None, prefetch: torch.Tensor | None = None,
-    prefetch_bytes: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """rms_norm then linear: (linear(norm(x + residual) * norm_weight), x + residual).
-    prefetch/prefetch_bytes: see linear."""
+    """rms_norm then linear: (linear(norm(x + residual) * norm_weight), x + residual)."""
     normed, summed = rms_norm(x, norm_weight, eps, residual)
     return linear(normed, weight, bias), summed
 

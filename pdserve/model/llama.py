@@ -93,9 +93,6 @@ class LlamaModel:
         self.scale = spec.head_dim**-0.5
         kv = spec.num_kv_heads * spec.head_dim
         self._split = [spec.num_heads * spec.head_dim, kv, kv]
-        # bytes of the o projection the qkv gemv warms into L2 at its end (batch 1, CUDA), where
-        # HBM would idle through the attention between them; None: the gemv's default
-        self.attn_prefetch_bytes: int | None = None
 
     @torch.inference_mode()
     def forward(
@@ -112,7 +109,7 @@ class LlamaModel:
             # projection names the next one's weight (warmed into L2 at batch 1)
             after = layers[l + 1]["qkv"] if l + 1 < len(layers) else self.w["lm_head"]
             qkv, residual = ops.norm_linear(h, lw["in_norm"], eps, residual, lw["qkv"], lw.get("qkv_bias"),
-                                            prefetch=lw["o"], prefetch_bytes=self.attn_prefetch_bytes)
+                                            prefetch=lw["o"])
             h = self._attention(l, lw, qkv, positions, meta, kv_pool, layer_hook)
             act, residual = ops.norm_glu(h, lw["post_norm"], eps, residual, lw["gate_up"], prefetch=lw["down"])
             h = ops.linear(act, lw["down"], prefetch=after)
