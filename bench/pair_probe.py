@@ -118,7 +118,8 @@ def gpu(args) -> dict:
     calls["bf16"] = (lambda t: decode_with_partitions(q, kb, vb, t, lens, D ** -0.5, part), tb, bf16_bytes)
     if args.probes:
         for name, (consts, warps, stages, reg) in {
-            "probe": ({}, 4, 2, None), "probe_r128": ({}, 4, 2, 128), "probe_k_pairs_v_cvt": ({"V_PAIRS": False}, 4, 2, None),
+            "probe": ({}, 4, 2, None), "probe_r128": ({}, 4, 2, 128),
+            "probe_k_pairs_v_cvt": ({"V_PAIRS": False}, 4, 2, None),
         }.items():
             calls[name] = (lambda t, c=consts, w=warps, st=stages, r=reg: wgmma_probe.run(
                 q, kc, vc, ks, vs, t, lens, c, w, st, r, kernel=_pair_kernel, base=CONSTS, unit=2), bt, fp8_bytes)

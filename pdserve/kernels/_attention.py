@@ -298,8 +298,9 @@ def attend_pairs(
     offsets in pairs, dmask which pairs are inside the head. The head dim is split in even and
     odd elements: scores are qe @ K_even + qo @ K_odd, and acc_e/acc_o [M, D/2] accumulate
     P @ V_even and P @ V_odd, pair_pv_gain(INT8) times too large (the caller divides).
-    MASK_T 0: every token is valid; 1: loads masked by tmask (zeros: the hardware convert turns NaN codes into NaN, which a zero probability would
-    not cancel in P @ V, so attend_tile's unmasked MASK_T 2 is not offered). Why: 16-bit tiles
+    MASK_T 0: every token is valid; 1: loads masked by tmask (zeros: the hardware convert
+    turns NaN codes into NaN, which a zero probability would not cancel in P @ V, so
+    attend_tile's unmasked MASK_T 2 is not offered). Why: 16-bit tiles
     move from shared memory into the dot operands by ldmatrix, as bf16 ones do, and split
     into fp16 with the hardware convert (see e4m3_pairs), where a byte tile goes through
     byte loads and permutes (sm_90 SASS of the decode kernel's main loop per 128-token tile:

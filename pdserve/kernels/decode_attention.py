@@ -353,12 +353,12 @@ def decode_with_partitions(
     attend_pairs; int8 since 2026-12-07: 717 sm_90 instructions per 128-token tile against
     1,288, bench/sass_offline.py; on an H100 at 256 x 4k 0.819 vs 0.885 ms, over L2-resident
     pages 0.413 vs 0.793, pair-probe-h100-2026-12-07-s23a-256.json), and k_convert and tiles
-    are moot. off32 (default: over quantized caches
-    where offsets_fit_int32): cache offsets in 32-bit arithmetic. Over fp8 on an H100 it lowers
-    the kernel's compute floor (pages in L2, bench/pair_probe.py) at 256 x 4k from 0.419 to
-    0.379 ms; over bf16 it made the kernel slower (1.466 vs 1.417 ms at 256 x 4k, 0.412 vs
-    0.370 at 64 x 4k; `pair-probe-h100-2026-12-07-s22a-*.json`), so bf16 keeps 64-bit. rope: q is unrotated and the kernel also does
-    rotary_write_kv's work (see decode_rotary_attention)."""
+    are moot. off32 (default: over quantized caches where offsets_fit_int32): cache offsets in
+    32-bit arithmetic. Over fp8 on an H100 it lowers the kernel's compute floor (pages in L2,
+    bench/pair_probe.py) at 256 x 4k from 0.419 to 0.379 ms; over bf16 it made the kernel
+    slower (1.466 vs 1.417 ms at 256 x 4k, 0.412 vs 0.370 at 64 x 4k;
+    `pair-probe-h100-2026-12-07-s22a-*.json`), so bf16 keeps 64-bit. rope: q is unrotated and
+    the kernel also does rotary_write_kv's work (see decode_rotary_attention)."""
     quant = check_scales(k_cache, k_scale, v_scale)
     fp8_q16 = quant and k_cache.dtype == torch.float8_e4m3fn and q.dtype != torch.float32
     if k_convert is None:

@@ -147,9 +147,8 @@ def _launch(
         summed if summed is not None else x, weight, bias if bias is not None else weight, out,
         pf if pf is not None else out, n_out, k, weight.stride(0), float(eps), pf_lines, per_program,
         BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=k % block_k == 0, HAS_BIAS=bias is not None,
-        NORM=norm_weight is not None, HAS_RES=residual is not None, PF_LINES=next_pow2(per_program) if per_program else 0,
-        GLU=glu,
-        num_warps=num_warps,
+        NORM=norm_weight is not None, HAS_RES=residual is not None,
+        PF_LINES=next_pow2(per_program) if per_program else 0, GLU=glu, num_warps=num_warps,
     )
     return out
 

@@ -157,8 +157,7 @@ def test_gemv_tiles_follow_the_shape() -> None:
 
 def test_prefetch_plan_covers_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
     """The next weight's first PREFETCH_BYTES, in 128-byte lines spread over the programs, each
-    line once; none
-    for a missing, empty or strided tensor, or in the interpreter (PTX only)."""
+    line once; none for a missing, empty or strided tensor, or in the interpreter (PTX only)."""
     import pdserve.kernels.gemv as mod
 
     w = torch.zeros(4096, 4096, dtype=torch.bfloat16)  # 32 MiB
