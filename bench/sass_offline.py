@@ -60,7 +60,7 @@ def main() -> None:
             "bt_ptr": "*i32", "lens_ptr": "*i32", "out_ptr": "*bf16", "lse_ptr": "*fp32",
             "kn_ptr": "*bf16", "vn_ptr": "*bf16", "pos_ptr": "*i32", "cs_ptr": "*fp32", "slot_ptr": "*i64"}
     base = {"G": 4, "G_PAD": 16, "S": 16, "D_PAD": 128, "SPLIT": False, "PRECISION": "tf32", "DOT_F32": False,
-            "EVEN_D": True, "HEADS_FIRST": True, "PAIRS": False, "OFF32": False, "ROPE": False, "HALF": 1, "QMAX": 1.0, "IS_INT": False}
+            "EVEN_D": True, "HEADS_FIRST": True, "PAIRS": False, "OFF32": False, "ROPE": False, "HALF": 1, "QMAX": 1.0}
     i8 = {**ptrs, "kc_ptr": "*i8", "vc_ptr": "*i8"}
     variants = {
         "fp8, K by bit moves (before 2026-12-04)": (ptrs, dict(BLOCK_N=128, QUANT=True, TILES=2, K_CVT=False)),

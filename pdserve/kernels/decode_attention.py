@@ -133,7 +133,7 @@ def _decode_kernel(
     PRECISION: tl.constexpr, DOT_F32: tl.constexpr, QUANT: tl.constexpr,
     EVEN_D: tl.constexpr, TILES: tl.constexpr, HEADS_FIRST: tl.constexpr, K_CVT: tl.constexpr,
     PAIRS: tl.constexpr = False, OFF32: tl.constexpr = False, ROPE: tl.constexpr = False,
-    HALF: tl.constexpr = 1, QMAX: tl.constexpr = 1.0, IS_INT: tl.constexpr = False,
+    HALF: tl.constexpr = 1, QMAX: tl.constexpr = 1.0,
 ):
     """Programs (KV head, sequence, partition) or (sequence, KV head, partition). ROPE: q, kn
     and vn are the step's unrotated rows [B, H, D]; each program rotates its query heads, and
@@ -148,6 +148,7 @@ def _decode_kernel(
         kvh = tl.program_id(1)
         num_kv = tl.num_programs(1)
     part = tl.program_id(2)
+    IS_INT: tl.constexpr = kc_ptr.dtype.element_ty == tl.int8  # else fp8 e4m3 where QUANT
     seq_len = tl.load(lens_ptr + b)
     g = tl.arange(0, G_PAD)
     d = tl.arange(0, D_PAD)
@@ -177,7 +178,6 @@ def _decode_kernel(
     last_page = tl.maximum(seq_len - 1, 0) // S
     full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N  # whole tiles, then a tail
     if PAIRS:  # fp8 e4m3 / int8 read as byte pairs, the head dim split in even and odd elements
-        INT8: tl.constexpr = kc_ptr.dtype.element_ty == tl.int8
         qe, qo = tl.split(tl.reshape(q, [G_PAD, D_PAD // 2, 2]))
         acc_e = tl.zeros([G_PAD, D_PAD // 2], tl.float32)
         acc_o = tl.zeros([G_PAD, D_PAD // 2], tl.float32)
@@ -189,13 +189,13 @@ def _decode_kernel(
             m_i, l_i, acc_e, acc_o = _attend_pairs_from(
                 t0, end, qe, qo, kc2, vc2, ks_ptr, vs_ptr, bt_row, head_off2, 2 * j < head_dim, kvh, m_i, l_i,
                 acc_e, acc_o, stride_cn // 2, stride_cs // 2, stride_sn, stride_ss, stride_sh, scale_log2,
-                S, BLOCK_N, PRECISION, DOT_F32, 0, not EVEN_D, OFF32, INT8)
+                S, BLOCK_N, PRECISION, DOT_F32, 0, not EVEN_D, OFF32, IS_INT)
         if full_end < end:
             m_i, l_i, acc_e, acc_o = _attend_pairs_from(
                 full_end, end, qe, qo, kc2, vc2, ks_ptr, vs_ptr, bt_row, head_off2, 2 * j < head_dim, kvh, m_i,
                 l_i, acc_e, acc_o, stride_cn // 2, stride_cs // 2, stride_sn, stride_ss, stride_sh, scale_log2,
-                S, BLOCK_N, PRECISION, DOT_F32, 1, not EVEN_D, OFF32, INT8)
-        acc = tl.reshape(tl.join(acc_e, acc_o), [G_PAD, D_PAD]) / pair_pv_gain(INT8)
+                S, BLOCK_N, PRECISION, DOT_F32, 1, not EVEN_D, OFF32, IS_INT)
+        acc = tl.reshape(tl.join(acc_e, acc_o), [G_PAD, D_PAD]) / pair_pv_gain(IS_INT)
     elif TILES == 2:  # quantized: one loop, unmasked loads (see attend_tile's MASK_T 2)
         for t0 in range(start, end, BLOCK_N):
             m_i, l_i, acc = _attend_from(
@@ -367,11 +367,10 @@ def decode_with_partitions(
     group, d = check_attention_inputs(q, k_cache, v_cache, block_tables, quant)
     tiles = tiles or ("soft" if quant else "tail")
     pairs = choose_pairs(pairs, q, k_cache, v_cache, quant)
-    asked = off32
-    if off32 is None or off32:  # default: quantized caches only (over bf16 slower, see above)
-        off32 = (off32 or quant) and offsets_fit_int32(k_cache, v_cache, unit=2 if pairs else 1) \
-            and offsets_fit_int32(*((k_scale, v_scale) if quant else ()))  # pairs: offsets in pairs
-        assert off32 or not asked, "off32: the caches' offsets do not fit int32"
+    want = quant if off32 is None else off32  # default: quantized caches only (bf16: slower, see above)
+    fits = want and offsets_fit_int32(k_cache, v_cache, unit=2 if pairs else 1) \
+        and offsets_fit_int32(*((k_scale, v_scale) if quant else ()))  # pairs: offsets in pairs
+    assert fits or not off32, "off32: the caches' offsets do not fit int32"
     if max_registers is None and quant:  # 138 -> 128 registers: 4 programs per SM instead of 3;
         max_registers = 128  # fp8 at 256 / 64 x 4k 0.756 / 0.209 ms vs 0.818 / 0.246 uncapped,
         # stages 2 (3 was best uncapped) (bench/results/fp8-probe-h200-2026-12-04-s9.log)
@@ -411,7 +410,7 @@ def decode_with_partitions(
         rope_args = (rope.k, rope.v, rope.positions, rope.cos_sin, rope.slot_mapping, *rope.k.stride()[:2],
                      *rope.v.stride()[:2], rope.cos_sin.stride(0))
         rope_consts = {"ROPE": True, "HALF": rope.cos_sin.shape[1] // 2,
-                       "QMAX": QUANT_MAX.get(k_cache.dtype, 1.0), "IS_INT": k_cache.dtype == torch.int8}
+                       "QMAX": QUANT_MAX.get(k_cache.dtype, 1.0)}
     _decode_kernel[grid](
         q, k_cache, v_cache, block_tables, seq_lens, dest, lse, ks, vs, *rope_args[:5],
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -422,7 +421,7 @@ def decode_with_partitions(
         BLOCK_N=min(block_n, partition_size), SPLIT=split,
         PRECISION=dot_precision(q.dtype), DOT_F32=interpreting(), QUANT=quant,
         EVEN_D=d_pad == d, TILES=_TILES[tiles], HEADS_FIRST=heads_first, K_CVT=k_convert, PAIRS=pairs,
-        OFF32=off32, **rope_consts, num_warps=num_warps,
+        OFF32=fits, **rope_consts, num_warps=num_warps,
         num_stages=num_stages,
         **({"maxnreg": max_registers} if max_registers and not interpreting() else {}),
     )

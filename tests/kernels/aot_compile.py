@@ -47,7 +47,7 @@ def compile_kernel(fn: triton.JITFunction, ptrs: dict[str, str], consts: dict, *
 
 
 SCALES = {"ks_ptr": "*fp32", "vs_ptr": "*fp32"}
-NO_ROPE = {"PAIRS": False, "OFF32": False, "ROPE": False, "HALF": 1, "QMAX": 1.0, "IS_INT": False}  # the decode kernel's defaults
+NO_ROPE = {"PAIRS": False, "OFF32": False, "ROPE": False, "HALF": 1, "QMAX": 1.0}  # the decode kernel's defaults
 
 
 def attention(dt: str, cache_dt: str) -> None:
@@ -81,7 +81,7 @@ def attention(dt: str, cache_dt: str) -> None:
             "G": 4, "G_PAD": 16, "S": 16, "D_PAD": 128, "BLOCK_N": 128 if quant else 64, "SPLIT": True,
             "PRECISION": "tf32", "DOT_F32": False, "QUANT": quant, "EVEN_D": True, "TILES": 2 if quant else 1,
             "K_CVT": cache_dt == "fp8e4nv", "PAIRS": pairs, "OFF32": True, "ROPE": True, "HALF": 64,
-            "QMAX": {"fp8e4nv": 448.0, "i8": 127.0}.get(cache_dt, 1.0), "IS_INT": cache_dt == "i8",
+            "QMAX": {"fp8e4nv": 448.0, "i8": 127.0}.get(cache_dt, 1.0),
         }, num_warps=4, num_stages=2)
     compile_kernel(_merge_kernel, {"part_ptr": "*fp32", "lse_ptr": "*fp32", "out_ptr": f"*{dt}"},
                    {"P_PAD": 4, "D_PAD": 128})
