@@ -17,8 +17,17 @@ from pdserve.proto import gateway_pb2
 FINISH_NAMES = {gateway_pb2.FINISH_REASON_STOP: "stop", gateway_pb2.FINISH_REASON_LENGTH: "length",
                 gateway_pb2.FINISH_REASON_ABORT: "abort"}
 NUMBERS = {"temperature": float, "top_p": float, "top_k": int, "seed": int, "max_tokens": int, "min_tokens": int}
-UNSUPPORTED = {"presence_penalty": 0, "frequency_penalty": 0, "best_of": 1, "echo": False, "logprobs": False,
-               "top_logprobs": 0, "suffix": None, "logit_bias": None, "tools": None}
+# Parameters this server does not implement, with the values that ask for nothing (accepted as
+# if absent). Anything else is refused by name rather than ignored: a body asking for JSON output
+# or a penalty must not get plain sampling that looks like success.
+UNSUPPORTED: dict[str, tuple] = {
+    "presence_penalty": (0,), "frequency_penalty": (0,), "repetition_penalty": (1,), "min_p": (0,),
+    "best_of": (1,), "echo": (False,), "logprobs": (False,), "top_logprobs": (0,), "prompt_logprobs": (0,),
+    "suffix": ("",), "logit_bias": ({},), "tools": ([],), "functions": ([],),
+    "tool_choice": ("none", "auto"), "function_call": ("none", "auto"),
+    "response_format": ({"type": "text"},), "guided_json": (), "guided_regex": (), "guided_choice": (),
+    "guided_grammar": (), "structured_outputs": (),
+}
 
 
 def bad(param: str, message: str) -> GatewayError:
@@ -37,8 +46,9 @@ def _number(body: dict, name: str, kind: type) -> int | float | None:
 def sampling(body: dict) -> gateway_pb2.SamplingParams:
     """The sampling fields of a completions or chat body (unset ones stay unset)."""
     for name, neutral in UNSUPPORTED.items():
-        if body.get(name) not in (None, neutral, {}, []):
-            raise bad(name, "is not supported by this server")
+        value = body.get(name)
+        if value is not None and not any(_same(value, v) for v in neutral):
+            raise bad(name, f"{value!r} is not supported by this server" if neutral else "is not supported by this server")
     if body.get("n") not in (None, 1):
         raise bad("n", "only n=1 is supported")
     if body.get("max_completion_tokens") is not None and body.get("max_tokens") is None:
@@ -58,6 +68,11 @@ def sampling(body: dict) -> gateway_pb2.SamplingParams:
             raise bad("ignore_eos", "must be a boolean")
         s.ignore_eos = body["ignore_eos"]
     return s
+
+
+def _same(value: Any, neutral: Any) -> bool:
+    """value == neutral without True == 1 or 0 == False crossing between booleans and numbers."""
+    return isinstance(value, bool) == isinstance(neutral, bool) and value == neutral
 
 
 def _strings(value: Any, name: str) -> list[str]:

@@ -1,0 +1,38 @@
+"""OpenAI bodies -> GenerateRequest: parameters this server does not implement are refused by
+name, their do-nothing values are taken as absent (gateway/openai_schema.py)."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from gateway.errors import GatewayError
+from gateway.openai_schema import chat_request, completion_request
+
+CHAT = {"model": "", "messages": [{"role": "user", "content": "Hi"}]}
+
+
+@pytest.mark.parametrize("name, value", [
+    ("response_format", {"type": "json_object"}), ("response_format", {"type": "json_schema", "json_schema": {}}),
+    ("presence_penalty", 0.5), ("frequency_penalty", -1), ("repetition_penalty", 1.2), ("min_p", 0.1),
+    ("logprobs", True), ("logprobs", 0), ("top_logprobs", 2), ("logit_bias", {"50": 100}),
+    ("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "required"),
+    ("guided_json", {"type": "object"}), ("guided_choice", ["a", "b"]), ("echo", True), ("best_of", 2),
+])
+def test_unsupported_values_are_refused_by_name(name, value):
+    for build, body in ((chat_request, CHAT), (completion_request, {"model": "", "prompt": "Hi"})):
+        with pytest.raises(GatewayError) as err:
+            build({**body, name: value})
+        assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT and err.value.field == name
+        assert str(err.value).startswith(f"{name}: ") and "not supported" in str(err.value)
+
+
+@pytest.mark.parametrize("name, value", [
+    ("response_format", {"type": "text"}), ("presence_penalty", 0), ("frequency_penalty", 0.0),
+    ("repetition_penalty", 1.0), ("logprobs", False), ("top_logprobs", 0), ("logit_bias", {}), ("tools", []),
+    ("tool_choice", "none"), ("echo", False), ("best_of", 1), ("min_p", 0.0), ("logprobs", None),
+])
+def test_values_that_ask_for_nothing_are_accepted(name, value):
+    req = chat_request({**CHAT, name: value, "max_tokens": 7, "temperature": 0.5})
+    assert req.sampling.max_tokens == 7 and req.sampling.temperature == 0.5
+    assert req.chat.messages[0].content == "Hi"
