@@ -40,7 +40,7 @@ def error_body(e: GatewayError) -> tuple[int, dict]:
     message = e.message
     if e.field and param and message.startswith(e.field + ":"):
         message = param + message[len(e.field):]  # say it in the OpenAI parameter's name
-    if param == "model" and status == 400:
+    if param == "model" and status == 400 and message.startswith("model: unknown model"):
         status, code = 404, "model_not_found"
     return status, {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
@@ -104,7 +104,9 @@ class OpenAIServer:
             if not isinstance(stream, bool):
                 raise schema.bad("stream", "must be a boolean")
             opts = body.get("stream_options") or {}
-            include_usage = bool(isinstance(opts, dict) and opts.get("include_usage"))
+            if not isinstance(opts, dict) or not isinstance(opts.get("include_usage", False), bool):
+                raise schema.bad("stream_options", "must be an object like {\"include_usage\": true}")
+            include_usage = opts.get("include_usage", False)
             rid = uuid.uuid4().hex
             responses = observed(self.generation.stream(req, rid, Deadline(None), fill_max_tokens=chat), req,
                                  self.generation.model.name, propagate.extract(request.headers), self.metrics)

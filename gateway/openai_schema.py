@@ -57,7 +57,10 @@ def sampling(body: dict) -> gateway_pb2.SamplingParams:
     for name, kind in NUMBERS.items():
         value = _number(body, name, kind)
         if value is not None:
-            setattr(s, name, value)
+            try:
+                setattr(s, name, value)
+            except ValueError:  # outside the proto field's integer range (seed -1, top_k 2^40)
+                raise bad(name, f"out of range, got {value}") from None
     s.stop.extend(_strings(body.get("stop"), "stop"))
     ids = body.get("stop_token_ids") or []
     if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):

@@ -61,6 +61,10 @@ def validate_prompt(
     bad = next((t for t in token_ids if not 0 <= t < vocab_size), None)
     if bad is not None:
         raise ValidationError("prompt_token_ids", f"token id {bad} is outside the vocabulary [0, {vocab_size})")
+    if len(token_ids) >= max_model_len:  # no room for one new token, whatever max_tokens says
+        raise ValidationError(
+            "prompt", f"the prompt has {len(token_ids)} tokens; max_model_len ({max_model_len}) leaves no room to generate"
+        )
     if len(token_ids) + max_tokens > max_model_len:
         raise ValidationError(
             "max_tokens",

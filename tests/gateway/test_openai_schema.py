@@ -36,3 +36,11 @@ def test_values_that_ask_for_nothing_are_accepted(name, value):
     req = chat_request({**CHAT, name: value, "max_tokens": 7, "temperature": 0.5})
     assert req.sampling.max_tokens == 7 and req.sampling.temperature == 0.5
     assert req.chat.messages[0].content == "Hi"
+
+
+@pytest.mark.parametrize("name, value", [("seed", -5), ("seed", 2**64), ("top_k", 2**40), ("max_tokens", -2**40)])
+def test_integers_outside_the_wire_range_are_refused_by_name(name, value):
+    with pytest.raises(GatewayError) as err:
+        completion_request({"model": "", "prompt": "Hi", name: value})
+    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT and err.value.field == name
+    assert str(err.value) == f"{name}: out of range, got {value}"
