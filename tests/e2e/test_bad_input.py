@@ -6,7 +6,7 @@ import grpc
 import pytest
 
 from pdserve.client import build_request
-from pdserve.proto import gateway_pb2, gateway_pb2_grpc
+from pdserve.proto import gateway_pb2
 
 pytestmark = pytest.mark.slow
 
