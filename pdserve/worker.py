@@ -38,6 +38,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus endpoint port (0: off)")
 
 
+def _kv_cache_dtype(value: str) -> str:
+    """vLLM's `--kv-cache-dtype fp8` means e4m3 on NVIDIA GPUs; so here."""
+    return "fp8_e4m3" if value == "fp8" else value
+
+
 def add_worker_args(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
     p.add_argument("--block-size", type=int, default=16)
@@ -52,8 +57,9 @@ def add_worker_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode")
     p.add_argument("--no-overlap", dest="overlap", action="store_false",
                    help="decode worker: apply each step's tokens before planning the next (no CPU/GPU overlap)")
-    p.add_argument("--kv-cache-dtype", default="auto", choices=list(KV_CACHE_DTYPES),
-                   help="KV pool storage: auto (= --dtype), fp8_e4m3 or int8 with per-token scales")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=list(KV_CACHE_DTYPES), type=_kv_cache_dtype,
+                   help="KV pool storage: auto (= --dtype), fp8_e4m3 (or fp8, as vLLM spells it) or int8 "
+                        "with per-token scales")
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--kv-transfer", default="tcp", choices=["tcp", "cuda_ipc", "nccl"])
     p.add_argument("--advertise-host", default=None,

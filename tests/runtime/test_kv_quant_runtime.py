@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 import torch
 
@@ -13,6 +15,7 @@ from pdserve.runtime.offline import generate
 from pdserve.runtime.runner import ModelRunner
 from pdserve.transfer.base import KvTargetSpec, LayoutMismatch, TransferState
 from pdserve.transfer.loopback import LoopbackKvReceiver, LoopbackKvSender
+from pdserve.worker import add_worker_args
 
 SPEC = ModelSpec.from_config_dict(dict(
     model_type="llama", hidden_size=128, intermediate_size=256, num_hidden_layers=2, head_dim=32,
@@ -121,3 +124,13 @@ def test_quant_values_and_scales_are_head_major_in_each_block() -> None:
     values = pool[0, 0, 1].flatten()[: 4 * 2 * 16].view(2, 4, 16)  # block 1's values, as stored
     assert values[:, :, 0].tolist() == [[0, 1, 2, 3], [10, 11, 12, 13]]  # head 0's rows, then head 1's
     assert (values == values[:, :, :1]).all()
+
+
+def test_kv_cache_dtype_flag_takes_vllm_spelling_and_refuses_others(capsys) -> None:
+    p = argparse.ArgumentParser()
+    add_worker_args(p)
+    parse = lambda *a: p.parse_args(["--port", "0", *a]).kv_cache_dtype  # noqa: E731
+    assert (parse("--kv-cache-dtype", "fp8"), parse("--kv-cache-dtype", "int8"), parse()) == ("fp8_e4m3", "int8", "auto")
+    with pytest.raises(SystemExit):
+        parse("--kv-cache-dtype", "fp8_e5m2")
+    assert "--kv-cache-dtype: invalid choice: 'fp8_e5m2'" in capsys.readouterr().err
