@@ -58,6 +58,20 @@ def sse(obj: dict | str) -> bytes:
     return f"data: {obj if isinstance(obj, str) else json.dumps(obj)}\n\n".encode()
 
 
+@web.middleware
+async def json_errors(request: web.Request, handler) -> web.StreamResponse:
+    """aiohttp's own 404/405/413 answers as OpenAI error objects (SDKs parse `error.message`)."""
+    try:
+        return await handler(request)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        message = f"{request.method} {request.path}: {e.reason}"
+        return web.json_response({"error": {"message": message, "type": "invalid_request_error", "param": None,
+                                            "code": e.reason.lower().replace(" ", "_")}},
+                                 status=e.status, headers={k: v for k, v in e.headers.items() if k == "Allow"})
+
+
 class OpenAIServer:
     """The aiohttp application and its listener; `start` binds, `stop` closes."""
 
@@ -65,7 +79,7 @@ class OpenAIServer:
         self.generation = generation
         self.metrics = metrics
         self.runner: web.AppRunner | None = None
-        self.app = web.Application(client_max_size=16 << 20)
+        self.app = web.Application(client_max_size=16 << 20, middlewares=[json_errors])
         self.app.add_routes([web.get("/v1/models", self.models), web.get("/health", self.health),
                              web.post("/v1/completions", self.completions),
                              web.post("/v1/chat/completions", self.chat)])

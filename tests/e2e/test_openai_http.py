@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -94,6 +97,21 @@ def test_bad_parameter_is_400_naming_it(client, kw, param):
 def test_unknown_model_is_404(client):
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="no-such-model", prompt="Hi", max_tokens=2)
+
+
+@pytest.mark.parametrize("method, path, status", [("POST", "/embeddings", 404), ("GET", "/completions", 405),
+                                                   ("POST", "/chat/completions", 413)])
+def test_http_errors_are_openai_error_objects(http, method, path, status):
+    _, url = http
+    data = b"{" + b" " * (17 << 20) + b"}" if status == 413 else (b"{}" if method == "POST" else None)
+    req = urllib.request.Request(url + path, data=data, method=method, headers={"content-type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(req, timeout=30)
+    assert err.value.code == status
+    error = json.loads(err.value.read())["error"]
+    assert error["message"].startswith(f"{method} /v1{path}: ") and error["type"] == "invalid_request_error"
+    if status == 405:
+        assert "POST" in err.value.headers["Allow"]
 
 
 def test_backpressure_is_429_with_retry_after(http):
