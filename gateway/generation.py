@@ -31,6 +31,8 @@ FINISH = {"stop": gateway_pb2.FINISH_REASON_STOP, "length": gateway_pb2.FINISH_R
 PASSED_ON = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED,
              grpc.StatusCode.CANCELLED, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION}
 
+UNKNOWN_MODEL = "unknown model"  # the start of that error's message (the HTTP face answers it with 404)
+
 
 @dataclass(frozen=True)
 class ModelInfo:
@@ -108,7 +110,7 @@ class Generation:
         fill_max_tokens: an unset max_tokens means the rest of the context (OpenAI chat), not 16.
         """
         if req.model and req.model != self.model.name:
-            raise ValidationError("model", f"unknown model {req.model!r}; this gateway serves {self.model.name!r}")
+            raise ValidationError("model", f"{UNKNOWN_MODEL} {req.model!r}; this gateway serves {self.model.name!r}")
         params = sampling_from_request(req.sampling)
         params.validate()
         kind = req.WhichOneof("input")

@@ -21,7 +21,7 @@ from opentelemetry import propagate
 from gateway import openai_schema as schema
 from gateway.deadline import Deadline
 from gateway.errors import GatewayError
-from gateway.generation import Generation
+from gateway.generation import UNKNOWN_MODEL, Generation
 from gateway.observe import observed
 from pdserve.metrics import GatewayMetrics
 from pdserve.proto import gateway_pb2
@@ -40,7 +40,7 @@ def error_body(e: GatewayError) -> tuple[int, dict]:
     message = e.message
     if e.field and param and message.startswith(e.field + ":"):
         message = param + message[len(e.field):]  # say it in the OpenAI parameter's name
-    if param == "model" and status == 400 and message.startswith("model: unknown model"):
+    if param == "model" and status == 400 and message.startswith(f"model: {UNKNOWN_MODEL}"):
         status, code = 404, "model_not_found"
     return status, {"error": {"message": message, "type": kind, "param": param, "code": code}}
 

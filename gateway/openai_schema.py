@@ -48,7 +48,8 @@ def sampling(body: dict) -> gateway_pb2.SamplingParams:
     for name, neutral in UNSUPPORTED.items():
         value = body.get(name)
         if value is not None and not any(_same(value, v) for v in neutral):
-            raise bad(name, f"{value!r} is not supported by this server" if neutral else "is not supported by this server")
+            shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+            raise bad(name, f"{shown} is not supported by this server" if neutral else "is not supported by this server")
     if body.get("n") not in (None, 1):
         raise bad("n", "only n=1 is supported")
     if body.get("max_completion_tokens") is not None and body.get("max_tokens") is None:

@@ -7,7 +7,9 @@ import grpc
 import pytest
 
 from gateway.errors import GatewayError
-from gateway.openai_schema import chat_request, completion_request
+from gateway.generation import UNKNOWN_MODEL
+from gateway.openai_http import error_body
+from gateway.openai_schema import bad, chat_request, completion_request
 
 CHAT = {"model": "", "messages": [{"role": "user", "content": "Hi"}]}
 
@@ -44,3 +46,18 @@ def test_integers_outside_the_wire_range_are_refused_by_name(name, value):
         completion_request({"model": "", "prompt": "Hi", name: value})
     assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT and err.value.field == name
     assert str(err.value) == f"{name}: out of range, got {value}"
+
+
+def test_a_long_refused_value_is_abbreviated_in_the_message():
+    with pytest.raises(GatewayError) as err:
+        chat_request({**CHAT, "tools": [{"type": "function", "function": {"name": "f" * 5000}}] * 50})
+    assert len(str(err.value)) < 200
+
+
+def test_only_an_unknown_model_is_404():
+    with pytest.raises(GatewayError) as err:
+        completion_request({"model": 5, "prompt": "Hi"})
+    assert error_body(err.value)[0] == 400
+    unknown = bad("model", f"{UNKNOWN_MODEL} 'x'; this gateway serves 'y'")
+    assert error_body(unknown) == (404, {"error": {"message": unknown.message, "type": "invalid_request_error",
+                                                   "param": "model", "code": "model_not_found"}})
