@@ -7,8 +7,10 @@ the same `Generation` path as gRPC; errors are OpenAI-style JSON: 400 (naming th
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import logging
 import math
 import time
 import uuid
@@ -25,6 +27,8 @@ from gateway.generation import UNKNOWN_MODEL, Generation
 from gateway.observe import observed
 from pdserve.metrics import GatewayMetrics
 from pdserve.proto import gateway_pb2
+
+log = logging.getLogger(__name__)
 
 STATUS = {grpc.StatusCode.INVALID_ARGUMENT: (400, "invalid_request_error"),
           grpc.StatusCode.RESOURCE_EXHAUSTED: (429, "rate_limit_error"),
@@ -110,28 +114,53 @@ class OpenAIServer:
         return await self._serve(request, chat=True)
 
     async def _serve(self, request: web.Request, chat: bool) -> web.StreamResponse:
-        """Parse, start the generation, answer with SSE or one JSON object (or an error)."""
-        try:
-            body = await _json_body(request)
-            req = (schema.chat_request if chat else schema.completion_request)(body)
-            stream = body.get("stream") or False
-            if not isinstance(stream, bool):
-                raise schema.bad("stream", "must be a boolean")
-            opts = body.get("stream_options") or {}
-            if not isinstance(opts, dict) or not isinstance(opts.get("include_usage", False), bool):
-                raise schema.bad("stream_options", "must be an object like {\"include_usage\": true}")
-            include_usage = opts.get("include_usage", False)
-            rid = uuid.uuid4().hex
-            responses = observed(self.generation.stream(req, rid, Deadline(None), fill_max_tokens=chat), req,
-                                 self.generation.model.name, propagate.extract(request.headers), self.metrics)
-            first = await anext(responses)  # fails here: validation, backpressure, no worker
-        except GatewayError as e:
-            return error_response(e)
-        reply = Reply(("chatcmpl-" if chat else "cmpl-") + rid, self.generation.model.name, chat)
-        async with contextlib.aclosing(responses):  # a gone client aborts the request at once
+        """Parse, start every choice's generation, answer with SSE or one JSON object (or an error)."""
+        async with contextlib.AsyncExitStack() as closing:  # a gone client aborts every generation at once
+            try:
+                body = await _json_body(request)
+                prompts = [schema.chat_request(body)] if chat else schema.completion_requests(body)
+                reqs = schema.samples(body, prompts)
+                limit = self.generation.admission.max_queued
+                if limit is not None and len(reqs) > limit:  # they could never all be admitted: not a 429
+                    raise schema.bad("n" if len(reqs) > len(prompts) else "prompt",
+                                     f"{len(reqs)} choices exceed this gateway's --max-queued-requests ({limit})")
+                stream = body.get("stream") or False
+                if not isinstance(stream, bool):
+                    raise schema.bad("stream", "must be a boolean")
+                opts = body.get("stream_options") or {}
+                if not isinstance(opts, dict) or not isinstance(opts.get("include_usage", False), bool):
+                    raise schema.bad("stream_options", "must be an object like {\"include_usage\": true}")
+                include_usage = opts.get("include_usage", False)
+                rid = uuid.uuid4().hex
+                streams = [await closing.enter_async_context(contextlib.aclosing(observed(
+                    self.generation.stream(r, uuid.uuid4().hex if i else rid, Deadline(None), fill_max_tokens=chat),
+                    r, self.generation.model.name, propagate.extract(request.headers), self.metrics)))
+                    for i, r in enumerate(reqs)]
+                firsts = await _firsts(streams, n=len(reqs) // len(prompts), batch=len(prompts) > 1)
+            except GatewayError as e:
+                return error_response(e)
+            reply = Reply(("chatcmpl-" if chat else "cmpl-") + rid, self.generation.model.name, chat,
+                          per_prompt=len(reqs) // len(prompts))
             if stream:
-                return await reply.stream(request, first, responses, include_usage)
-            return await reply.whole(first, responses)
+                return await reply.stream(request, firsts, streams, include_usage)
+            return await reply.whole(firsts, streams)
+
+
+async def _firsts(streams: list[AsyncIterator[gateway_pb2.GenerateResponse]], n: int, batch: bool
+                  ) -> list[gateway_pb2.GenerateResponse]:
+    """Every stream's first message, awaited together: where one fails (validation,
+    backpressure, no worker) its error is the answer, naming the prompt of a batch."""
+    results = await asyncio.gather(*(anext(s) for s in streams), return_exceptions=True)
+    for i, r in enumerate(results):
+        if isinstance(r, GatewayError):
+            if batch and schema.openai_param(r.field) == "prompt":
+                field = f"prompt[{i // n}]"
+                tail = r.message.split(": ", 1)[-1] if r.field and r.message.startswith(r.field + ":") else r.message
+                raise GatewayError(r.code, f"{field}: {tail}", r.retry_after_ms, field) from None
+            raise r
+        if isinstance(r, BaseException):
+            raise r
+    return results  # type: ignore[return-value]
 
 
 async def _json_body(request: web.Request) -> dict:
@@ -145,52 +174,101 @@ async def _json_body(request: web.Request) -> dict:
 
 
 class Reply:
-    """Turns one request's GenerateResponse stream into OpenAI JSON (whole or SSE chunks)."""
+    """Turns the GenerateResponse streams of a request's choices (prompt by prompt, `per_prompt`
+    each) into OpenAI JSON: one object, or SSE chunks that carry each choice's index."""
 
-    def __init__(self, oid: str, model: str, chat: bool) -> None:
-        self.oid, self.model, self.chat = oid, model, chat
+    def __init__(self, oid: str, model: str, chat: bool, per_prompt: int = 1) -> None:
+        self.oid, self.model, self.chat, self.per_prompt = oid, model, chat, per_prompt
         self.kind = "chat.completion" if chat else "text_completion"
 
-    async def whole(self, first: gateway_pb2.GenerateResponse,
-                    rest: AsyncIterator[gateway_pb2.GenerateResponse]) -> web.Response:
-        text: list[str] = []
-        try:
-            async for resp in _chain(first, rest):
-                if resp.HasField("chunk"):
-                    text.append(resp.chunk.text)
-                else:
-                    done = resp.complete
-        except GatewayError as e:
-            return error_response(e)
-        obj = schema.envelope(self.kind, self.oid, self.model, [schema.choice(
-            self.chat, "".join(text), schema.FINISH_NAMES.get(done.finish_reason), delta=False)])
-        obj["usage"] = schema.usage(done)
-        return web.json_response(obj, headers={"x-request-id": done.request_id})
+    def usage(self, done: list[gateway_pb2.Complete]) -> dict:
+        """Each prompt's tokens once, every choice's completion tokens."""
+        prompt = sum(d.usage.prompt_tokens for d in done[::self.per_prompt])
+        completion = sum(d.usage.completion_tokens for d in done)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
-    async def stream(self, request: web.Request, first: gateway_pb2.GenerateResponse,
-                     rest: AsyncIterator[gateway_pb2.GenerateResponse], include_usage: bool) -> web.StreamResponse:
+    async def whole(self, firsts: list[gateway_pb2.GenerateResponse],
+                    rests: list[AsyncIterator[gateway_pb2.GenerateResponse]]) -> web.Response:
+        failed: list[GatewayError] = []
+        try:
+            async with asyncio.TaskGroup() as tg:  # the first failure cancels the other choices
+                tasks = [tg.create_task(_collect(f, r)) for f, r in zip(firsts, rests)]
+        except* GatewayError as group:
+            failed.extend(group.exceptions)  # type: ignore[arg-type]
+        if failed:
+            return error_response(failed[0])
+        results = [t.result() for t in tasks]
+        obj = schema.envelope(self.kind, self.oid, self.model, [
+            schema.choice(self.chat, text, schema.FINISH_NAMES.get(done.finish_reason), delta=False, index=i)
+            for i, (text, done) in enumerate(results)])
+        obj["usage"] = self.usage([done for _, done in results])
+        return web.json_response(obj, headers={"x-request-id": results[0][1].request_id})
+
+    async def stream(self, request: web.Request, firsts: list[gateway_pb2.GenerateResponse],
+                     rests: list[AsyncIterator[gateway_pb2.GenerateResponse]], include_usage: bool
+                     ) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         kind = self.kind + ".chunk" if self.chat else self.kind
-        chunk = lambda text, finish, first=False: schema.envelope(  # noqa: E731
-            kind, self.oid, self.model, [schema.choice(self.chat, text, finish, delta=True, first=first)])
+        chunk = lambda i, text, finish, first=False: schema.envelope(  # noqa: E731
+            kind, self.oid, self.model, [schema.choice(self.chat, text, finish, delta=True, first=first, index=i)])
         if self.chat:
-            await resp.write(sse(chunk("", None, first=True)))
+            for i in range(len(firsts)):
+                await resp.write(sse(chunk(i, "", None, first=True)))
+        queue: asyncio.Queue = asyncio.Queue()
+        pumps = [asyncio.create_task(_pump(i, f, r, queue)) for i, (f, r) in enumerate(zip(firsts, rests))]
+        done: dict[int, gateway_pb2.Complete] = {}
         try:
-            async for msg in _chain(first, rest):
+            while len(done) < len(pumps):
+                i, msg = await queue.get()
+                if isinstance(msg, GatewayError):
+                    await resp.write(sse(error_body(msg)[1]))
+                    break
                 if msg.HasField("chunk"):
                     if msg.chunk.text:
-                        await resp.write(sse(chunk(msg.chunk.text, None)))
+                        await resp.write(sse(chunk(i, msg.chunk.text, None)))
                     continue
-                await resp.write(sse(chunk("", schema.FINISH_NAMES.get(msg.complete.finish_reason))))
+                done[i] = msg.complete
+                await resp.write(sse(chunk(i, "", schema.FINISH_NAMES.get(msg.complete.finish_reason))))
+            else:
                 if include_usage:
                     await resp.write(sse({**schema.envelope(kind, self.oid, self.model, []),
-                                          "usage": schema.usage(msg.complete)}))
-        except GatewayError as e:
-            await resp.write(sse(error_body(e)[1]))
+                                          "usage": self.usage([done[i] for i in range(len(pumps))])}))
+        finally:
+            for p in pumps:
+                p.cancel()
+            await asyncio.gather(*pumps, return_exceptions=True)
         await resp.write(sse("[DONE]"))
         await resp.write_eof()
         return resp
+
+
+async def _collect(first: gateway_pb2.GenerateResponse, rest: AsyncIterator[gateway_pb2.GenerateResponse]
+                   ) -> tuple[str, gateway_pb2.Complete]:
+    """A choice's whole text and its Complete."""
+    text: list[str] = []
+    async for resp in _chain(first, rest):
+        if resp.HasField("chunk"):
+            text.append(resp.chunk.text)
+        else:
+            return "".join(text), resp.complete
+    raise GatewayError(grpc.StatusCode.INTERNAL, "the stream ended without a Complete")
+
+
+async def _pump(i: int, first: gateway_pb2.GenerateResponse, rest: AsyncIterator[gateway_pb2.GenerateResponse],
+                queue: asyncio.Queue) -> None:
+    """Choice i's messages into the queue, as (i, message); a GatewayError goes in as the message."""
+    try:
+        async for msg in _chain(first, rest):
+            await queue.put((i, msg))
+            if msg.HasField("complete"):
+                return
+        raise GatewayError(grpc.StatusCode.INTERNAL, "a generation ended without its final message")
+    except GatewayError as e:
+        await queue.put((i, e))
+    except Exception as e:  # never leave the response waiting for a choice that cannot come
+        log.exception("choice %d of a streamed response failed", i)
+        await queue.put((i, GatewayError(grpc.StatusCode.INTERNAL, f"internal error: {type(e).__name__}")))
 
 
 async def _chain(first: gateway_pb2.GenerateResponse,

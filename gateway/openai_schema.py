@@ -16,6 +16,7 @@ from pdserve.proto import gateway_pb2
 
 FINISH_NAMES = {gateway_pb2.FINISH_REASON_STOP: "stop", gateway_pb2.FINISH_REASON_LENGTH: "length",
                 gateway_pb2.FINISH_REASON_ABORT: "abort"}
+MAX_CHOICES = 128  # prompts x n in one request: each choice is a generation of its own
 NUMBERS = {"temperature": float, "top_p": float, "top_k": int, "seed": int, "max_tokens": int, "min_tokens": int}
 # Parameters this server does not implement, with the values that ask for nothing (accepted as
 # if absent). Anything else is refused by name rather than ignored: a body asking for JSON output
@@ -50,8 +51,6 @@ def sampling(body: dict) -> gateway_pb2.SamplingParams:
         if value is not None and not any(_same(value, v) for v in neutral):
             shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
             raise bad(name, f"{shown} is not supported by this server" if neutral else "is not supported by this server")
-    if body.get("n") not in (None, 1):
-        raise bad("n", "only n=1 is supported")
     if body.get("max_completion_tokens") is not None and body.get("max_tokens") is None:
         body = {**body, "max_tokens": body["max_completion_tokens"]}
     s = gateway_pb2.SamplingParams()
@@ -96,19 +95,26 @@ def _model(body: dict) -> str:
     return model
 
 
-def completion_request(body: dict) -> gateway_pb2.GenerateRequest:
-    """A GenerateRequest from a /v1/completions body."""
-    req = gateway_pb2.GenerateRequest(model=_model(body), sampling=sampling(body))
+def completion_requests(body: dict) -> list[gateway_pb2.GenerateRequest]:
+    """One GenerateRequest per prompt of a /v1/completions body: a string, a list of token ids,
+    or a list of either (a batch)."""
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # a batch of one
-    if isinstance(prompt, str):
-        req.text = prompt
-    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        req.token_ids.ids.extend(prompt)
-    else:
-        raise bad("prompt", "must be a non-empty string or list of token ids (one prompt per request)")
-    return req
+    batch = isinstance(prompt, list) and bool(prompt) and all(isinstance(p, (str, list)) for p in prompt)
+    if batch and len(prompt) > MAX_CHOICES:
+        raise bad("prompt", f"at most {MAX_CHOICES} prompts per request, got {len(prompt)}")
+    params, model = sampling(body), _model(body)
+    reqs = []
+    for i, p in enumerate(prompt if batch else [prompt]):
+        req = gateway_pb2.GenerateRequest(model=model, sampling=params)
+        if isinstance(p, str):
+            req.text = p
+        elif isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+            req.token_ids.ids.extend(p)
+        else:
+            raise bad(f"prompt[{i}]" if batch else "prompt",
+                      "must be a non-empty string or list of token ids, or a list of those")
+        reqs.append(req)
+    return reqs
 
 
 def chat_request(body: dict) -> gateway_pb2.GenerateRequest:
@@ -122,6 +128,26 @@ def chat_request(body: dict) -> gateway_pb2.GenerateRequest:
             raise bad(f"messages[{i}]", "must be an object with a string role")
         req.chat.messages.add(role=m["role"], content=_content(m.get("content"), i))
     return req
+
+
+def samples(body: dict, reqs: list[gateway_pb2.GenerateRequest]) -> list[gateway_pb2.GenerateRequest]:
+    """`n` copies of each request, in OpenAI's choice order (prompt by prompt). With a seed,
+    copy j draws with seed + j, so the n choices differ yet repeat with the same body."""
+    n = body.get("n")
+    n = 1 if n is None else n
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise bad("n", f"must be an integer >= 1, got {n!r}")
+    if n * len(reqs) > MAX_CHOICES:
+        raise bad("n", f"n ({n}) x prompts ({len(reqs)}) exceeds {MAX_CHOICES} choices per request")
+    out = []
+    for req in reqs:
+        for j in range(n):
+            copy = gateway_pb2.GenerateRequest()
+            copy.CopyFrom(req)
+            if j and req.sampling.HasField("seed"):
+                copy.sampling.seed = (req.sampling.seed + j) % 2**63
+            out.append(copy)
+    return out
 
 
 def _content(content: Any, i: int) -> str:
@@ -155,12 +181,12 @@ def envelope(kind: str, rid: str, model: str, choices: list[dict]) -> dict:
     return {"id": rid, "object": kind, "created": int(time.time()), "model": model, "choices": choices}
 
 
-def choice(chat: bool, text: str, finish: str | None, delta: bool, first: bool = False) -> dict:
+def choice(chat: bool, text: str, finish: str | None, delta: bool, first: bool = False, index: int = 0) -> dict:
     """One choice: chat message/delta or completion text, with its finish reason."""
     if not chat:
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        return {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
     if not delta:
-        return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+        return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": None,
                 "finish_reason": finish}
     d = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
-    return {"index": 0, "delta": d, "logprobs": None, "finish_reason": finish}
+    return {"index": index, "delta": d, "logprobs": None, "finish_reason": finish}

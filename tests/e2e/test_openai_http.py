@@ -94,6 +94,49 @@ def test_bad_parameter_is_400_naming_it(client, kw, param):
     assert err.value.body["message"].startswith(param)
 
 
+def test_n_choices_draw_with_seed_plus_index(client):
+    kw = dict(model="", prompt="Once upon a time", max_tokens=6, temperature=1.0, extra_body={"ignore_eos": True})
+    r = client.completions.create(n=2, seed=7, **kw)
+    assert [c.index for c in r.choices] == [0, 1] and r.usage.completion_tokens == 12
+    alone = [client.completions.create(seed=7 + j, **kw) for j in (0, 1)]
+    assert [c.text for c in r.choices] == [a.choices[0].text for a in alone]
+    assert r.choices[0].text != r.choices[1].text and r.usage.prompt_tokens == alone[0].usage.prompt_tokens
+
+
+def test_a_batch_of_prompts_answers_each_in_order(client):
+    prompts = ["The quick brown fox", "Once upon a time"]
+    kw = dict(model="", max_tokens=5, temperature=0, extra_body={"ignore_eos": True})
+    r = client.completions.create(prompt=prompts, **kw)
+    alone = [client.completions.create(prompt=p, **kw) for p in prompts]
+    assert [c.text for c in r.choices] == [a.choices[0].text for a in alone] and [c.index for c in r.choices] == [0, 1]
+    assert r.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone) and r.usage.completion_tokens == 10
+    chunks = list(client.completions.create(prompt=prompts, stream=True, stream_options={"include_usage": True}, **kw))
+    texts = ["".join(c.choices[0].text for c in chunks if c.choices and c.choices[0].index == i) for i in (0, 1)]
+    assert texts == [a.choices[0].text for a in alone]
+    finishes = [(c.choices[0].index, c.choices[0].finish_reason) for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert sorted(finishes) == [(0, "length"), (1, "length")] and chunks[-1].usage.total_tokens == r.usage.total_tokens
+
+
+def test_streamed_chat_choices_each_start_with_the_role(client):
+    chunks = list(client.chat.completions.create(
+        model="", messages=[{"role": "user", "content": "Name a colour."}], n=2, seed=3, temperature=1.0,
+        max_tokens=4, stream=True))
+    for i in (0, 1):
+        mine = [c.choices[0] for c in chunks if c.choices[0].index == i]
+        assert mine[0].delta.role == "assistant" and mine[-1].finish_reason in ("stop", "length")
+
+
+@pytest.mark.parametrize("kw, param, words", [
+    ({"prompt": ["Hi", "x " * 600]}, "prompt[1]", "max_model_len"),
+    ({"prompt": "Hi", "extra_body": {"n": 3}}, "n", "--max-queued-requests (2)"),
+])
+def test_a_choice_that_cannot_run_fails_the_request_naming_it(client, kw, param, words):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="", max_tokens=4, **kw)
+    assert err.value.body["param"] == param and err.value.body["message"].startswith(param + ": ")
+    assert words in err.value.body["message"]
+
+
 def test_unknown_model_is_404(client):
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="no-such-model", prompt="Hi", max_tokens=2)
