@@ -126,6 +126,20 @@ def test_streamed_chat_choices_each_start_with_the_role(client):
         assert mine[0].delta.role == "assistant" and mine[-1].finish_reason in ("stop", "length")
 
 
+def test_a_client_gone_mid_stream_aborts_every_choice(http):
+    stack, url = http
+    body = json.dumps({"model": "", "prompt": ["Once upon a time", "The quick brown fox"], "max_tokens": 400,
+                       "temperature": 0, "ignore_eos": True, "stream": True}).encode()
+    req = urllib.request.Request(url + "/completions", data=body, headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        seen = set()
+        while len(seen) < 2:  # both choices are generating
+            line = resp.readline()
+            if line.startswith(b"data: {"):
+                seen.add(json.loads(line[6:])["choices"][0]["index"])
+    assert_no_leaks(stack, timeout=10.0)  # long before 400 tokens each
+
+
 @pytest.mark.parametrize("kw, param, words", [
     ({"prompt": ["Hi", "x " * 600]}, "prompt[1]", "max_model_len"),
     ({"prompt": "Hi", "extra_body": {"n": 3}}, "n", "--max-queued-requests (2)"),
