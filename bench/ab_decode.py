@@ -12,7 +12,8 @@ attention kernel (decode_rotary_attention, since 2026-12-05) or before it; cuBLA
 GEMMs or cuBLAS; the pool's storage read with head-major blocks (head_major: no gain for bf16,
 bench/results/ab-decode-layout-h100-2026-12-06-s17-*.json). (The qkv gemv warming 8/16/32 MiB of
 the o weight into L2 instead of 4, through the attention between them: even or slower,
-bench/results/ab-decode-pf-attn-h100-2026-12-07-s23b-*.json from 802aa16.) (The "no_glu" variant, SiLU-and-mul apart from the gemv, was measured in
+bench/results/ab-decode-pf-attn-h100-2026-12-07-s23b-*.json from 802aa16.) (The "no_glu" variant,
+SiLU-and-mul apart from the gemv, was measured in
 bench/results/ab-decode-glu-h200-2026-12-04-s9.json.) (The L2 warm-up at 4/8/16 MiB against none:
 bench/results/ab-decode-l2-prefetch-h200-2026-12-04-s9.json, from next/l2-prefetch d1c5806.)
 (bench/results/ab-decode-h200-2026-12-03-s8.json came from commit 98a4f89, whose variants also

@@ -41,12 +41,16 @@ def error_body(e: GatewayError) -> tuple[int, dict]:
     status, kind = STATUS.get(e.code, (500, "internal_error"))
     param = schema.openai_param(e.field)
     code = e.code.name.lower()
-    message = e.message
-    if e.field and param and message.startswith(e.field + ":"):
-        message = param + message[len(e.field):]  # say it in the OpenAI parameter's name
+    tail = _after_field(e)
+    message = param + tail if param and tail is not None else e.message  # in the OpenAI parameter's name
     if param == "model" and status == 400 and message.startswith(f"model: {UNKNOWN_MODEL}"):
         status, code = 404, "model_not_found"
     return status, {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def _after_field(e: GatewayError) -> str | None:
+    """e's message after the field name it starts with (None where it does not start so)."""
+    return e.message[len(e.field):] if e.field and e.message.startswith(e.field + ":") else None
 
 
 def error_response(e: GatewayError) -> web.Response:
@@ -154,9 +158,9 @@ async def _firsts(streams: list[AsyncIterator[gateway_pb2.GenerateResponse]], n:
     for i, r in enumerate(results):
         if isinstance(r, GatewayError):
             if batch and schema.openai_param(r.field) == "prompt":
-                field = f"prompt[{i // n}]"
-                tail = r.message.split(": ", 1)[-1] if r.field and r.message.startswith(r.field + ":") else r.message
-                raise GatewayError(r.code, f"{field}: {tail}", r.retry_after_ms, field) from None
+                field, tail = f"prompt[{i // n}]", _after_field(r)
+                raise GatewayError(r.code, field + (tail if tail is not None else f": {r.message}"),
+                                   r.retry_after_ms, field) from None
             raise r
         if isinstance(r, BaseException):
             raise r
@@ -189,20 +193,22 @@ class Reply:
 
     async def whole(self, firsts: list[gateway_pb2.GenerateResponse],
                     rests: list[AsyncIterator[gateway_pb2.GenerateResponse]]) -> web.Response:
-        failed: list[GatewayError] = []
+        texts: list[list[str]] = [[] for _ in firsts]
+        done: dict[int, gateway_pb2.Complete] = {}
         try:
-            async with asyncio.TaskGroup() as tg:  # the first failure cancels the other choices
-                tasks = [tg.create_task(_collect(f, r)) for f, r in zip(firsts, rests)]
-        except* GatewayError as group:
-            failed.extend(group.exceptions)  # type: ignore[arg-type]
-        if failed:
-            return error_response(failed[0])
-        results = [t.result() for t in tasks]
+            async with contextlib.aclosing(_merged(firsts, rests)) as merged:
+                async for i, msg in merged:
+                    if msg.HasField("chunk"):
+                        texts[i].append(msg.chunk.text)
+                    else:
+                        done[i] = msg.complete
+        except GatewayError as e:
+            return error_response(e)
         obj = schema.envelope(self.kind, self.oid, self.model, [
-            schema.choice(self.chat, text, schema.FINISH_NAMES.get(done.finish_reason), delta=False, index=i)
-            for i, (text, done) in enumerate(results)])
-        obj["usage"] = self.usage([done for _, done in results])
-        return web.json_response(obj, headers={"x-request-id": results[0][1].request_id})
+            schema.choice(self.chat, "".join(texts[i]), schema.FINISH_NAMES.get(done[i].finish_reason), delta=False,
+                          index=i) for i in range(len(firsts))])
+        obj["usage"] = self.usage([done[i] for i in range(len(firsts))])
+        return web.json_response(obj, headers={"x-request-id": done[0].request_id})
 
     async def stream(self, request: web.Request, firsts: list[gateway_pb2.GenerateResponse],
                      rests: list[AsyncIterator[gateway_pb2.GenerateResponse]], include_usage: bool
@@ -215,44 +221,44 @@ class Reply:
         if self.chat:
             for i in range(len(firsts)):
                 await resp.write(sse(chunk(i, "", None, first=True)))
-        queue: asyncio.Queue = asyncio.Queue()
-        pumps = [asyncio.create_task(_pump(i, f, r, queue)) for i, (f, r) in enumerate(zip(firsts, rests))]
         done: dict[int, gateway_pb2.Complete] = {}
         try:
-            while len(done) < len(pumps):
-                i, msg = await queue.get()
-                if isinstance(msg, GatewayError):
-                    await resp.write(sse(error_body(msg)[1]))
-                    break
-                if msg.HasField("chunk"):
-                    if msg.chunk.text:
-                        await resp.write(sse(chunk(i, msg.chunk.text, None)))
-                    continue
-                done[i] = msg.complete
-                await resp.write(sse(chunk(i, "", schema.FINISH_NAMES.get(msg.complete.finish_reason))))
-            else:
-                if include_usage:
-                    await resp.write(sse({**schema.envelope(kind, self.oid, self.model, []),
-                                          "usage": self.usage([done[i] for i in range(len(pumps))])}))
-        finally:
-            for p in pumps:
-                p.cancel()
-            await asyncio.gather(*pumps, return_exceptions=True)
+            async with contextlib.aclosing(_merged(firsts, rests)) as merged:
+                async for i, msg in merged:
+                    if msg.HasField("chunk"):
+                        if msg.chunk.text:
+                            await resp.write(sse(chunk(i, msg.chunk.text, None)))
+                        continue
+                    done[i] = msg.complete
+                    await resp.write(sse(chunk(i, "", schema.FINISH_NAMES.get(msg.complete.finish_reason))))
+            if include_usage:
+                await resp.write(sse({**schema.envelope(kind, self.oid, self.model, []),
+                                      "usage": self.usage([done[i] for i in range(len(firsts))])}))
+        except GatewayError as e:
+            await resp.write(sse(error_body(e)[1]))
         await resp.write(sse("[DONE]"))
         await resp.write_eof()
         return resp
 
 
-async def _collect(first: gateway_pb2.GenerateResponse, rest: AsyncIterator[gateway_pb2.GenerateResponse]
-                   ) -> tuple[str, gateway_pb2.Complete]:
-    """A choice's whole text and its Complete."""
-    text: list[str] = []
-    async for resp in _chain(first, rest):
-        if resp.HasField("chunk"):
-            text.append(resp.chunk.text)
-        else:
-            return "".join(text), resp.complete
-    raise GatewayError(grpc.StatusCode.INTERNAL, "the stream ended without a Complete")
+async def _merged(firsts: list[gateway_pb2.GenerateResponse], rests: list[AsyncIterator[gateway_pb2.GenerateResponse]]
+                  ) -> AsyncIterator[tuple[int, gateway_pb2.GenerateResponse]]:
+    """(choice index, message) of every choice as they come, until each has sent its Complete;
+    the first choice that fails raises its GatewayError, and closing this cancels the rest."""
+    queue: asyncio.Queue = asyncio.Queue()
+    pumps = [asyncio.create_task(_pump(i, f, r, queue)) for i, (f, r) in enumerate(zip(firsts, rests))]
+    try:
+        left = len(pumps)
+        while left:
+            i, msg = await queue.get()
+            if isinstance(msg, GatewayError):
+                raise msg
+            left -= msg.HasField("complete")
+            yield i, msg
+    finally:
+        for p in pumps:
+            p.cancel()
+        await asyncio.gather(*pumps, return_exceptions=True)
 
 
 async def _pump(i: int, first: gateway_pb2.GenerateResponse, rest: AsyncIterator[gateway_pb2.GenerateResponse],
