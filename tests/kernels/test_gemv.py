@@ -162,6 +162,7 @@ def test_prefetch_plan_covers_the_budget(monkeypatch: pytest.MonkeyPatch) -> Non
 
     w = torch.zeros(4096, 4096, dtype=torch.bfloat16)  # 32 MiB
     monkeypatch.setattr(mod, "interpreting", lambda: False)
+    monkeypatch.setattr(mod, "PREFETCH_BYTES", 8 << 20)
     flat, lines, per = mod._prefetch_plan(w, w.device, 768)
     assert flat.dtype == torch.uint8 and flat.numel() == w.numel() * 2
     assert lines == mod.PREFETCH_BYTES // 128 and per == 86 and per * 768 >= lines > (per - 1) * 768
