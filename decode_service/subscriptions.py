@@ -7,6 +7,7 @@ from opentelemetry import trace
 from pdserve.core.request import Finish
 from pdserve.core.scheduler import TokenEvent
 from pdserve.proto import worker_pb2
+from pdserve.serving import logprobs_to_wire
 from pdserve.streams import StepStream
 
 FINISH_TO_WIRE = {
@@ -20,6 +21,8 @@ def add_event(batch: worker_pb2.TokenBatch, ev: TokenEvent) -> bool:
     """Append an engine event to its request's batch; True when it ends the request."""
     if ev.token >= 0:
         batch.token_ids.append(ev.token)
+        if ev.logprobs is not None:
+            logprobs_to_wire(ev.logprobs, batch.logprobs.add())
     if ev.finish is None:
         return False
     batch.finish = FINISH_TO_WIRE[ev.finish]

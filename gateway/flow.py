@@ -1,6 +1,7 @@
 """The whole path of one request across the workers: reserve, prefill, decode, abort, retry.
 
-Yields lists of new token ids, the last one with the worker's finish reason. Whatever ends
+Yields lists of new token ids, the last one with the worker's finish reason, each with the
+tokens' logprobs when the request asked for them. Whatever ends
 the generator early (client cancel, deadline, stop string, error) aborts the request on every
 worker it touched, so no block outlives it. UNAVAILABLE from a worker before any token was
 yielded is retried once on other workers; after a token, it reaches the caller. A full decode
@@ -43,7 +44,8 @@ class Job:
     first_token_finishes: Callable[[int], str | None]
 
 
-Tokens = AsyncIterator[tuple[list[int], str | None]]
+Logprobs = list[worker_pb2.WorkerLogprobs]  # one per token id, or empty: not asked for
+Tokens = AsyncIterator[tuple[list[int], str | None, Logprobs]]
 Attempt = Callable[[Job, Router, Deadline, list[Worker]], Tokens]
 
 
@@ -101,12 +103,13 @@ async def _disaggregated(job: Job, router: Router, deadline: Deadline, tried: li
             request_id=rid, prompt_token_ids=job.prompt, sampling=job.sampling, target=target),
             target.lease_ms / 1000, deadline)
         finish = job.first_token_finishes(first.first_token)
+        logprobs = [first.first_logprobs] if first.HasField("first_logprobs") else []
         if finish is not None:
             await _abort(decode, rid)  # release the reservation: nothing to decode
             done = True
-            yield [first.first_token], finish
+            yield [first.first_token], finish, logprobs
             return
-        yield [first.first_token], None
+        yield [first.first_token], None, logprobs
 
         def start(subscriber: str):
             return decode.stub.StartDecode(worker_pb2.DecodeRequest(
@@ -127,7 +130,7 @@ async def _tokens(worker: Worker, rid: str, start, router: Router, deadline: Dea
     try:
         async for batch in worker.mux.stream(rid, start, deadline.remaining()):
             finish = WIRE_FINISH.get(batch.finish)
-            yield list(batch.token_ids), finish
+            yield list(batch.token_ids), finish, list(batch.logprobs)
             if finish is not None:
                 return
     except grpc.aio.AioRpcError as e:

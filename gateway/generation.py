@@ -56,6 +56,7 @@ def sampling_from_request(s: gateway_pb2.SamplingParams) -> SamplingParams:
         temperature=opt("temperature", 1.0), top_p=opt("top_p", 1.0), top_k=opt("top_k", -1),
         seed=opt("seed", None), max_tokens=opt("max_tokens", 16), min_tokens=opt("min_tokens", 0),
         stop=tuple(s.stop), stop_token_ids=tuple(s.stop_token_ids), ignore_eos=opt("ignore_eos", False),
+        logprobs=opt("logprobs", None),
     )
 
 
@@ -67,8 +68,10 @@ class TextAssembler:
         self.stops = StopChecker(params.stop)
         self.generated, self.finish, self.matched = 0, "abort", None
 
-    def feed(self, ids: list[int], why: str | None) -> tuple[gateway_pb2.GenerateResponse, bool]:
-        """The chunk message for ids (why: the worker's finish reason or None) and whether it ends the stream."""
+    def feed(self, ids: list[int], why: str | None,
+             logprobs: flow.Logprobs = ()) -> tuple[gateway_pb2.GenerateResponse, bool]:
+        """The chunk message for ids (why: the worker's finish reason or None; logprobs: one
+        per id, or none) and whether it ends the stream."""
         self.generated += len(ids)
         text_ids = ids[:-1] if why == "stop" else ids  # no text for EOS / stop tokens
         text, self.matched = self.stops.feed(self.detok.add(text_ids))
@@ -83,6 +86,11 @@ class TextAssembler:
         chunk = resp.chunk
         chunk.token_ids.extend(ids)
         chunk.text = text
+        for lp in logprobs:
+            out = chunk.logprobs.add()
+            out.logprob = lp.logprob
+            out.top_token_ids.extend(lp.top_token_ids)
+            out.top_logprobs.extend(lp.top_logprobs)
         return resp, self.matched is not None or why is not None
 
     def complete(self, rid: str, prompt_tokens: int) -> gateway_pb2.Complete:
@@ -149,9 +157,9 @@ class Generation:
             text = TextAssembler(self.tokenizer, prompt, params, self.byte_table)
             try:
                 async with contextlib.aclosing(flow.run(job, self.router, deadline)) as tokens:
-                    async for ids, why in tokens:
+                    async for ids, why, logprobs in tokens:
                         ticket.started()
-                        resp, done = text.feed(ids, why)
+                        resp, done = text.feed(ids, why, logprobs)
                         yield resp
                         if done:
                             break

@@ -11,6 +11,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from pdserve.core.sampling import SamplingParams
+from pdserve.core.step_io import TokenLogprobs
 from pdserve.proto import worker_pb2
 
 MAX_MESSAGE_BYTES = 64 << 20
@@ -42,6 +43,8 @@ def sampling_to_wire(p: SamplingParams) -> worker_pb2.WorkerSampling:
     )
     if p.seed is not None:
         w.seed = p.seed
+    if p.logprobs is not None:
+        w.logprobs = p.logprobs
     return w
 
 
@@ -55,9 +58,17 @@ def sampling_from_wire(w: worker_pb2.WorkerSampling) -> SamplingParams:
         min_tokens=w.min_tokens,
         stop_token_ids=tuple(w.stop_token_ids),
         ignore_eos=w.ignore_eos,
+        logprobs=w.logprobs if w.HasField("logprobs") else None,
     )
     p.validate()
     return p
+
+
+def logprobs_to_wire(lp: TokenLogprobs, out: worker_pb2.WorkerLogprobs) -> None:
+    """Fill `out` (a new message or a repeated field's added one) from lp."""
+    out.logprob = lp.logprob
+    out.top_token_ids.extend(t for t, _ in lp.top)
+    out.top_logprobs.extend(v for _, v in lp.top)
 
 
 def new_server(reuse_port: bool = False) -> grpc.aio.Server:

@@ -8,6 +8,7 @@ import logging
 import time
 
 from pdserve.core.request import Finish, Sequence
+from pdserve.core.scheduler import TokenEvent
 from pdserve.core.sampling import SamplingParams
 from pdserve.core.step_io import StepInput
 from pdserve.runtime.loop import EngineLoop, LayerHook
@@ -72,8 +73,8 @@ class PrefillEngine:
     async def prefill(
         self, request_id: str, prompt: list[int], params: SamplingParams, target: KvTargetSpec, timeout: float,
         remote_cached_tokens: int = 0,
-    ) -> tuple[int, TransferStats, int]:
-        """First token, transfer stats and prefix-cached tokens; the KV is visible remotely on
+    ) -> tuple[TokenEvent, TransferStats, int]:
+        """First token (with its logprobs if asked), transfer stats and prefix-cached tokens; the KV is visible remotely on
         return (the handle is sealed; the receiver's ack is awaited off this path: _settle).
 
         The decode side already holds the first `remote_cached_tokens` (whole blocks) of the
@@ -94,7 +95,7 @@ class PrefillEngine:
             stats = await asyncio.to_thread(handle.seal, timeout)
             self._settle(request_id, handle, timeout)
             _transfer_span(t_start, stats, len(target.block_ids), target.backend)
-            return event.token, stats, seq.num_cached
+            return event, stats, seq.num_cached
         except (TransferError, PrefillAborted, asyncio.CancelledError):
             handle.abort()
             raise

@@ -10,7 +10,7 @@ from pdserve.core.block_manager import cacheable_blocks
 from pdserve.core.kv_layout import KvLayout
 from pdserve.proto import worker_pb2, worker_pb2_grpc
 from pdserve.metrics import WorkerMetrics
-from pdserve.serving import sampling_from_wire
+from pdserve.serving import logprobs_to_wire, sampling_from_wire
 from pdserve.telemetry import remote_parent
 from pdserve.transfer.base import KvTargetSpec, LayoutMismatch, TransferError, layout_to_proto
 from prefill_service.engine import PrefillAborted, PrefillEngine
@@ -41,7 +41,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillWorkerServicer):
         timeout = 30.0 if remaining is None else max(0.1, remaining)
         try:
             with remote_parent(context):
-                token, stats, cached = await self.engine.prefill(request.request_id, prompt, params, target, timeout,
+                first, stats, cached = await self.engine.prefill(request.request_id, prompt, params, target, timeout,
                                                                  t.cached_tokens)
             if self.metrics is not None:
                 self.metrics.transfer(stats.bytes, stats.seconds)
@@ -52,9 +52,12 @@ class PrefillServicer(worker_pb2_grpc.PrefillWorkerServicer):
             await context.abort(code, f"KV transfer failed: {e}")
         except PrefillAborted as e:
             await context.abort(grpc.StatusCode.ABORTED, str(e))
-        return worker_pb2.PrefillResponse(
-            first_token=token, kv_bytes=stats.bytes, kv_transfer_ms=stats.seconds * 1000, cached_tokens=cached
+        resp = worker_pb2.PrefillResponse(
+            first_token=first.token, kv_bytes=stats.bytes, kv_transfer_ms=stats.seconds * 1000, cached_tokens=cached
         )
+        if first.logprobs is not None:
+            logprobs_to_wire(first.logprobs, resp.first_logprobs)
+        return resp
 
     def _check(self, request: worker_pb2.PrefillRequest, prompt: list[int]) -> str | None:
         sched = self.engine.loop.scheduler

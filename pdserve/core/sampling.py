@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+MAX_LOGPROBS = 20  # most alternatives a token's logprobs may list (vLLM's default cap, OpenAI chat's)
+
 
 class ValidationError(ValueError):
     """A request field is invalid; `field` names it (mapped to INVALID_ARGUMENT)."""
@@ -25,6 +27,8 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    # None: no logprobs; n >= 0: each token's log-probability and the n most likely tokens'
+    logprobs: int | None = None
 
     @property
     def greedy(self) -> bool:
@@ -50,6 +54,8 @@ class SamplingParams:
             raise ValidationError("stop", "stop strings must not be empty")
         if any(t < 0 for t in self.stop_token_ids):
             raise ValidationError("stop_token_ids", "token ids must be >= 0")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise ValidationError("logprobs", f"must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
 
 
 def validate_prompt(

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pdserve.core.block_manager import BlockManager, cacheable_blocks
 from pdserve.core.request import Finish, Sequence, SeqStatus, check_finish
 from pdserve.core.spec_schedule import DraftPlanner
-from pdserve.core.step_io import PLACEHOLDER, SeqSlice, StepInput, StepOutput
+from pdserve.core.step_io import PLACEHOLDER, SeqSlice, StepInput, StepOutput, TokenLogprobs
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,7 @@ class TokenEvent:
     request_id: str
     token: int
     finish: Finish | None
+    logprobs: TokenLogprobs | None = None  # when the request asked for them
 
 
 class Scheduler:
@@ -248,7 +249,7 @@ class Scheduler:
             token = sampled[rid]
             seq.output_ids.append(token)
             finish = check_finish(seq, max_len)
-            events.append(TokenEvent(rid, token, finish))
+            events.append(TokenEvent(rid, token, finish, out.logprobs.get(rid) if out.logprobs else None))
             if finish is not None:
                 self._finish(seq, finish)
         aborted -= current

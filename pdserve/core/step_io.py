@@ -64,12 +64,24 @@ class StepInput:
         return sum(len(s.token_ids) for s in self.seqs)
 
 
+@dataclass(frozen=True, slots=True)
+class TokenLogprobs:
+    """A sampled token's log-probability under the model (log-softmax of its logits, before
+    temperature, top-k/top-p and suppression) and the `SamplingParams.logprobs` most likely
+    tokens as (id, log-probability), most likely first."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 @dataclass(frozen=True)
 class StepOutput:
     """Sampled token per request id, for the slices that asked for one.
 
     A slice with drafts is in `emitted` instead: its 1..num_drafts+1 tokens, in order.
+    `logprobs`: for sampled slices whose params ask for them (speculation skips those).
     """
 
     sampled: dict[str, int] = field(default_factory=dict)
     emitted: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)

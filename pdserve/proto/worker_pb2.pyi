@@ -20,7 +20,7 @@ WORKER_FINISH_LENGTH: WorkerFinish
 WORKER_FINISH_ABORT: WorkerFinish
 
 class WorkerSampling(_message.Message):
-    __slots__ = ("temperature", "top_p", "top_k", "seed", "max_tokens", "min_tokens", "stop_token_ids", "ignore_eos")
+    __slots__ = ("temperature", "top_p", "top_k", "seed", "max_tokens", "min_tokens", "stop_token_ids", "ignore_eos", "logprobs")
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
@@ -29,6 +29,7 @@ class WorkerSampling(_message.Message):
     MIN_TOKENS_FIELD_NUMBER: _ClassVar[int]
     STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_p: float
     top_k: int
@@ -37,7 +38,18 @@ class WorkerSampling(_message.Message):
     min_tokens: int
     stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
     ignore_eos: bool
-    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., max_tokens: _Optional[int] = ..., min_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ...) -> None: ...
+    logprobs: int
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., max_tokens: _Optional[int] = ..., min_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., logprobs: _Optional[int] = ...) -> None: ...
+
+class WorkerLogprobs(_message.Message):
+    __slots__ = ("logprob", "top_token_ids", "top_logprobs")
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    TOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    logprob: float
+    top_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    top_logprobs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, logprob: _Optional[float] = ..., top_token_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class KvTarget(_message.Message):
     __slots__ = ("request_id", "block_ids", "layout", "backend", "address", "lease_ms", "num_tokens", "cached_tokens")
@@ -94,16 +106,18 @@ class PrefillRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[WorkerSampling, _Mapping]] = ..., target: _Optional[_Union[KvTarget, _Mapping]] = ...) -> None: ...
 
 class PrefillResponse(_message.Message):
-    __slots__ = ("first_token", "kv_bytes", "kv_transfer_ms", "cached_tokens")
+    __slots__ = ("first_token", "kv_bytes", "kv_transfer_ms", "cached_tokens", "first_logprobs")
     FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
     KV_BYTES_FIELD_NUMBER: _ClassVar[int]
     KV_TRANSFER_MS_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    FIRST_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     first_token: int
     kv_bytes: int
     kv_transfer_ms: float
     cached_tokens: int
-    def __init__(self, first_token: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., kv_transfer_ms: _Optional[float] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
+    first_logprobs: WorkerLogprobs
+    def __init__(self, first_token: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., kv_transfer_ms: _Optional[float] = ..., cached_tokens: _Optional[int] = ..., first_logprobs: _Optional[_Union[WorkerLogprobs, _Mapping]] = ...) -> None: ...
 
 class DecodeRequest(_message.Message):
     __slots__ = ("request_id", "prompt_token_ids", "first_token", "sampling", "subscriber_id")
@@ -132,14 +146,16 @@ class GenerateWork(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[WorkerSampling, _Mapping]] = ..., subscriber_id: _Optional[str] = ...) -> None: ...
 
 class TokenBatch(_message.Message):
-    __slots__ = ("token_ids", "finish", "request_id")
+    __slots__ = ("token_ids", "finish", "request_id", "logprobs")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     FINISH_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     finish: WorkerFinish
     request_id: str
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., finish: _Optional[_Union[WorkerFinish, str]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    logprobs: _containers.RepeatedCompositeFieldContainer[WorkerLogprobs]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., finish: _Optional[_Union[WorkerFinish, str]] = ..., request_id: _Optional[str] = ..., logprobs: _Optional[_Iterable[_Union[WorkerLogprobs, _Mapping]]] = ...) -> None: ...
 
 class SubscribeRequest(_message.Message):
     __slots__ = ("subscriber_id",)

@@ -18,7 +18,7 @@ from pdserve.model.spec import ModelSpec
 from pdserve.runtime.cuda_graph import DecodeGraphs
 from pdserve.runtime.kv_cache import allocate_kv_pool, kv_layout
 from pdserve.runtime.kv_quant import allocate_quant_pool, is_quantized, quant_kv_layout
-from pdserve.runtime.sampler import TRITON_NUCLEUS_MIN_ROWS, sample_on_device, to_device
+from pdserve.runtime.sampler import TRITON_NUCLEUS_MIN_ROWS, QueuedLogprobs, queue_logprobs, sample_on_device, to_device
 from pdserve.runtime.staging import HostStager, check_block_ids, flat_slot_mapping, fill_placeholders
 
 
@@ -35,11 +35,16 @@ class LaunchedStep:
     request_ids: list[str]  # of the slices that sample, in order
     tokens: torch.Tensor  # their tokens: a pinned host tensor filled by a queued copy (CUDA)
     done: torch.cuda.Event | None
+    logprobs: QueuedLogprobs | None = None  # of the slices whose params ask for them (host)
 
     def result(self) -> StepOutput:
         if self.done is not None:
             self.done.synchronize()
-        return StepOutput(sampled=dict(zip(self.request_ids, self.tokens.tolist())))
+        sampled = dict(zip(self.request_ids, self.tokens.tolist()))
+        if self.logprobs is None:
+            return StepOutput(sampled=sampled)
+        ids = [self.request_ids[r] for r in self.logprobs.rows]
+        return StepOutput(sampled=sampled, logprobs=dict(zip(ids, self.logprobs.entries())))
 
 
 class ModelRunner:
@@ -144,23 +149,22 @@ class ModelRunner:
         if logits is None:
             self._prev_ids = []
             return LaunchedStep([], torch.empty(0, dtype=torch.int64), None)
+        params = [s.sampling for s in sampled]
         tokens = sample_on_device(
-            logits,
-            [s.sampling for s in sampled],
-            [s.end_pos for s in sampled],
-            [s.suppress_token_ids for s in sampled],
-            self.generator,
+            logits, params, [s.end_pos for s in sampled], [s.suppress_token_ids for s in sampled], self.generator,
         )
+        logprobs = queue_logprobs(logits, tokens, params)
         n = min(len(ids), self.prev_tokens.numel())
         self.prev_tokens[:n].copy_(tokens[:n])
         self._prev_ids = ids[:n]
         if self.device.type != "cuda":
-            return LaunchedStep(ids, tokens, None)
+            return LaunchedStep(ids, tokens, None, logprobs)
         host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
         host.copy_(tokens, non_blocking=True)
+        logprobs = logprobs.to_host() if logprobs is not None else None
         done = torch.cuda.Event()
         done.record()
-        return LaunchedStep(ids, host, done)
+        return LaunchedStep(ids, host, done, logprobs)
 
     def _forward(self, step: StepInput, sampled: list[SeqSlice], layer_hook: LayerHook | None) -> torch.Tensor | None:
         """Logits of the sampled slices (None when none samples)."""

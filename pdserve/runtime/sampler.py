@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
 from pdserve.core.sampling import SamplingParams
+from pdserve.core.step_io import TokenLogprobs
 
 _MASK64 = (1 << 64) - 1
 
@@ -150,6 +152,48 @@ def to_device(values: Sequence[int] | Sequence[float], device: torch.device,
     step with a sampled row)."""
     host = torch.tensor(values, dtype=dtype, pin_memory=device.type == "cuda")
     return host.to(device, non_blocking=True)
+
+
+@dataclass(frozen=True)
+class QueuedLogprobs:
+    """Log-probabilities of the sampled tokens of some rows, queued on the device.
+
+    rows[i] is the index (among the sampled rows) of entry i, which lists ks[i] alternatives;
+    chosen [R] and top [R, K] are float32, top_ids [R, K] int64 (K = max(ks))."""
+
+    rows: list[int]
+    ks: list[int]
+    chosen: torch.Tensor
+    top: torch.Tensor
+    top_ids: torch.Tensor
+
+    def to_host(self) -> QueuedLogprobs:
+        """The same, copied by queued copies into pinned host memory (CUDA; read after a sync)."""
+        if self.chosen.device.type != "cuda":
+            return self
+        copy = lambda t: torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)  # noqa: E731
+        return QueuedLogprobs(self.rows, self.ks, copy(self.chosen), copy(self.top), copy(self.top_ids))
+
+    def entries(self) -> list[TokenLogprobs]:
+        """One TokenLogprobs per row (waits for the device if the tensors are on it)."""
+        chosen, top, ids = self.chosen.tolist(), self.top.tolist(), self.top_ids.tolist()
+        return [TokenLogprobs(c, tuple(zip(i[:k], v[:k]))) for c, v, i, k in zip(chosen, top, ids, self.ks)]
+
+
+def queue_logprobs(logits: torch.Tensor, tokens: torch.Tensor, params: Sequence[SamplingParams]) -> QueuedLogprobs | None:
+    """Logprobs of the rows whose params ask for them (None: no row does): the log-softmax of
+    the raw logits (before temperature, top-k/top-p and suppression, as vLLM reports them) at
+    the sampled token (tokens [B], on the device) and its top params.logprobs entries. No sync."""
+    rows = [r for r, p in enumerate(params) if p.logprobs is not None]
+    if not rows:
+        return None
+    ks = [params[r].logprobs or 0 for r in rows]
+    index = None if len(rows) == len(params) else to_device(rows, logits.device)
+    sub = logits if index is None else logits.index_select(0, index)
+    picked = tokens if index is None else tokens.index_select(0, index)
+    lp = sub.float().log_softmax(dim=-1)
+    top, top_ids = lp.topk(max(ks), dim=-1) if max(ks) else (lp[:, :0], picked.new_zeros((len(rows), 0)))
+    return QueuedLogprobs(rows, ks, lp.gather(1, picked.view(-1, 1).long()).squeeze(1), top, top_ids)
 
 
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:

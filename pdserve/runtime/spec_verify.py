@@ -16,7 +16,7 @@ import torch
 
 from pdserve.core.sampling import SamplingParams
 from pdserve.core.step_io import SeqSlice, StepOutput
-from pdserve.runtime.sampler import position_seed, sample_tokens, token_probs
+from pdserve.runtime.sampler import position_seed, queue_logprobs, sample_on_device, token_probs
 
 
 def verify_step(
@@ -44,10 +44,13 @@ def verify_step(
     if not batched:
         return StepOutput(emitted=emitted)
     per_row = [(sl, sl.end_pos - n + 1 + i) for sl, _, n in batched for i in range(n)]
-    tokens = sample_tokens(
-        logits[rows], [sl.sampling for sl, _ in per_row], [pos for _, pos in per_row],
-        [sl.suppress_token_ids for sl, _ in per_row], generator,
+    params = [sl.sampling for sl, _ in per_row]
+    picked = sample_on_device(
+        logits[rows], params, [pos for _, pos in per_row], [sl.suppress_token_ids for sl, _ in per_row], generator,
     )
+    queued = queue_logprobs(logits[rows], picked, params)  # rows without drafts only (draft_limit)
+    tokens = picked.tolist()
+    logprobs = {} if queued is None else {per_row[r][0].request_id: e for r, e in zip(queued.rows, queued.entries())}
     sampled: dict[str, int] = {}
     for sl, at, n in batched:
         if sl.num_drafts:
@@ -55,7 +58,7 @@ def verify_step(
             emitted[sl.request_id] = tuple(accept_greedy(tokens[at : at + n], drafts))
         else:
             sampled[sl.request_id] = tokens[at]
-    return StepOutput(sampled=sampled, emitted=emitted)
+    return StepOutput(sampled=sampled, emitted=emitted, logprobs=logprobs)
 
 
 def verify_drafts(

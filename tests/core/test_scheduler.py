@@ -216,3 +216,24 @@ def test_steps_that_fit_nothing_are_not_in_flight():
     sched.blocks.free(held)
     assert run_all(sched, runner)["a"]
     leak_check(sched)
+
+
+def test_token_events_carry_the_step_logprobs():
+    """update() hands each sampled token its logprobs from the StepOutput (None where the request
+    asked for none); a finishing event carries them too."""
+    from pdserve.core.step_io import StepOutput, TokenLogprobs
+
+    sched, runner = make()
+    sched.add(Sequence("lp", [5, 6, 7], SamplingParams(temperature=0, max_tokens=2, logprobs=1)))
+    sched.add(Sequence("no", [8, 9], SamplingParams(temperature=0, max_tokens=2)))
+    seen: dict[str, list] = {}
+    while sched.has_work:
+        step = sched.schedule()
+        out = runner.execute(step)
+        lps = {rid: TokenLogprobs(-0.5 - t, ((t, -0.5 - t),)) for rid, t in out.sampled.items() if rid == "lp"}
+        for ev in sched.update(step, StepOutput(sampled=out.sampled, logprobs=lps)):
+            seen.setdefault(ev.request_id, []).append((ev.token, ev.logprobs, ev.finish))
+    assert [lp for _, lp, _ in seen["no"]] == [None, None]
+    assert [lp for t, lp, _ in seen["lp"]] == [TokenLogprobs(-0.5 - t, ((t, -0.5 - t),)) for t, _, _ in seen["lp"]]
+    assert seen["lp"][-1][2] is Finish.LENGTH
+    leak_check(sched)

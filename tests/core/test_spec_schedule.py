@@ -274,3 +274,9 @@ def test_batch_stops_drafting_while_drafts_keep_failing() -> None:
 def _noisy(spec: bool) -> tuple[Scheduler, NoisyRunner]:
     sched, _ = make(spec, num_blocks=512)
     return sched, NoisyRunner(4)
+
+
+def test_requests_with_logprobs_get_no_drafts() -> None:
+    """A verify step reports no logprobs, so a request asking for them is never speculated."""
+    seq = Sequence("x", [1] * 5, SamplingParams(max_tokens=10, logprobs=0), output_ids=[2])
+    assert draft_limit(seq, 4, 100) == 0

@@ -25,6 +25,8 @@ CASES = [
     ("top_k < -1", dict(text="hi", top_k=-2), "top_k"),
     ("max_tokens 0", dict(text="hi", max_tokens=0), "max_tokens"),
     ("max_tokens < 0", dict(text="hi", max_tokens=-3), "max_tokens"),
+    ("logprobs < 0", dict(text="hi", logprobs=-1), "logprobs"),
+    ("logprobs > 20", dict(text="hi", logprobs=21), "logprobs"),
     ("token id too big", dict(token_ids=[1, 2, 10**9]), "token_ids"),
     ("token id negative", dict(token_ids=[1, -5]), "token_ids"),
     ("unknown model", dict(text="hi", model="gpt-9"), "model"),

@@ -8,6 +8,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from pdserve.client import build_request
 from pdserve.core.sampling import SamplingParams
 from pdserve.proto import gateway_pb2
 from pdserve.runtime.offline import generate
@@ -165,3 +166,38 @@ def test_subscribe_stream_errors_and_close_aborts(stack):
         assert set(seen) == {"m1", "m2"}
         call.cancel()  # the gateway went away mid-generation
     assert_no_leaks(stack)
+
+
+def offline_logprobs(runner, prompt: list[int], tokens: list[int], k: int) -> list:
+    """The single-process engine's greedy logprobs for each of tokens after prompt (one prefill
+    per position)."""
+    from pdserve.core.step_io import SeqSlice, StepInput
+
+    params = SamplingParams(temperature=0.0, logprobs=k)
+    out = []
+    for i in range(len(tokens)):
+        ids = tuple(prompt + tokens[:i])
+        step = runner.execute(StepInput((SeqSlice("lp", ids, 0, tuple(range(-(-len(ids) // 16))), params),)))
+        assert step.sampled["lp"] == tokens[i]
+        out.append(step.logprobs["lp"])
+    return out
+
+
+def test_logprobs_equal_single_process_engine(client, offline_runner):
+    """logprobs=3 through gateway, prefill (first token) and decode workers: one entry per token,
+    in the chunks that carry the tokens, equal to the single-process engine's."""
+    prompt = [504, 3575, 282, 4649, 314]  # "The capital of France is"
+    chunks = [m.chunk for m in client.stream(build_request(token_ids=prompt, max_tokens=6, temperature=0.0,
+                                                           ignore_eos=True, logprobs=3), timeout=60)
+              if m.HasField("chunk")]
+    assert all(len(c.logprobs) == len(c.token_ids) for c in chunks)
+    ids = [t for c in chunks for t in c.token_ids]
+    got = [lp for c in chunks for lp in c.logprobs]
+    assert len(ids) == 6
+    for lp, want in zip(got, offline_logprobs(offline_runner, prompt, ids, 3)):
+        assert lp.logprob == pytest.approx(want.logprob, abs=1e-4)
+        assert list(lp.top_token_ids) == [t for t, _ in want.top]
+        assert list(lp.top_logprobs) == pytest.approx([v for _, v in want.top], abs=1e-4)
+    plain = [m.chunk for m in client.stream(build_request(token_ids=prompt, max_tokens=2, temperature=0.0),
+                                            timeout=60) if m.HasField("chunk")]
+    assert not any(c.logprobs for c in plain)

@@ -95,7 +95,28 @@ def test_disaggregated(default_model_dir, reference) -> None:
 def test_colocated(default_model_dir, reference) -> None:
     with spec_stack(default_model_dir, colocated=True) as st:
         check_greedy_run(st, "colocated", reference)
+        check_logprobs_run(st, "colocated", reference)
         assert_no_leaks(st)
+
+
+def check_logprobs_run(stack: Stack, role: str, reference) -> None:
+    """A request asking for logprobs is not speculated (verify steps report none): the same
+    greedy tokens, each with its logprob (the top-1 alternative), no draft verified for it."""
+    from pdserve.client import Client, build_request
+
+    ids, want = reference
+    before = pool_stats(stack.workers[role], role)
+    with Client(stack.gateway) as c:
+        chunks = [m.chunk for m in c.stream(build_request(token_ids=ids, max_tokens=MAX_TOKENS, temperature=0.0,
+                                                          ignore_eos=True, logprobs=1), timeout=120)
+                  if m.HasField("chunk")]
+    after = pool_stats(stack.workers[role], role)
+    got = [t for ch in chunks for t in ch.token_ids]
+    logprobs = [lp for ch in chunks for lp in ch.logprobs]
+    assert got == want and len(logprobs) == len(got)
+    assert [lp.top_token_ids[0] for lp in logprobs] == got
+    assert all(lp.logprob == lp.top_logprobs[0] <= 0 for lp in logprobs)
+    assert after.spec_draft_tokens == before.spec_draft_tokens
 
 
 def test_bad_config_refused_at_startup() -> None:
