@@ -56,7 +56,8 @@ def sampling_from_request(s: gateway_pb2.SamplingParams) -> SamplingParams:
         temperature=opt("temperature", 1.0), top_p=opt("top_p", 1.0), top_k=opt("top_k", -1),
         seed=opt("seed", None), max_tokens=opt("max_tokens", 16), min_tokens=opt("min_tokens", 0),
         stop=tuple(s.stop), stop_token_ids=tuple(s.stop_token_ids), ignore_eos=opt("ignore_eos", False),
-        logprobs=opt("logprobs", None),
+        logprobs=opt("logprobs", None), presence_penalty=opt("presence_penalty", 0.0),
+        frequency_penalty=opt("frequency_penalty", 0.0), repetition_penalty=opt("repetition_penalty", 1.0),
     )
 
 

@@ -40,7 +40,11 @@ def sampling_to_wire(p: SamplingParams) -> worker_pb2.WorkerSampling:
         min_tokens=p.min_tokens,
         stop_token_ids=list(p.stop_token_ids),
         ignore_eos=p.ignore_eos,
+        presence_penalty=p.presence_penalty,
+        frequency_penalty=p.frequency_penalty,
     )
+    if p.repetition_penalty != 1.0:
+        w.repetition_penalty = p.repetition_penalty
     if p.seed is not None:
         w.seed = p.seed
     if p.logprobs is not None:
@@ -59,6 +63,9 @@ def sampling_from_wire(w: worker_pb2.WorkerSampling) -> SamplingParams:
         stop_token_ids=tuple(w.stop_token_ids),
         ignore_eos=w.ignore_eos,
         logprobs=w.logprobs if w.HasField("logprobs") else None,
+        presence_penalty=w.presence_penalty,
+        frequency_penalty=w.frequency_penalty,
+        repetition_penalty=w.repetition_penalty if w.HasField("repetition_penalty") else 1.0,
     )
     p.validate()
     return p

@@ -29,10 +29,20 @@ class SamplingParams:
     ignore_eos: bool = False
     # None: no logprobs; n >= 0: each token's log-probability and the n most likely tokens'
     logprobs: int | None = None
+    # OpenAI's: logit -= presence * (token generated) + frequency * (times generated)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # vLLM's / HF's: a token of the prompt or the output has its logit divided by it if > 0, else multiplied
+    repetition_penalty: float = 1.0
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def penalized(self) -> bool:
+        """Whether sampling depends on the tokens so far (a slice then carries them: SeqSlice.history)."""
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
 
     def validate(self) -> None:
         """Raise ValidationError naming the first bad field."""
@@ -54,6 +64,12 @@ class SamplingParams:
             raise ValidationError("stop", "stop strings must not be empty")
         if any(t < 0 for t in self.stop_token_ids):
             raise ValidationError("stop_token_ids", "token ids must be >= 0")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not math.isfinite(v) or not -2.0 <= v <= 2.0:
+                raise ValidationError(name, f"must be in [-2, 2], got {v}")
+        if not math.isfinite(self.repetition_penalty) or self.repetition_penalty <= 0:
+            raise ValidationError("repetition_penalty", f"must be a finite number > 0, got {self.repetition_penalty}")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise ValidationError("logprobs", f"must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
 

@@ -14,6 +14,7 @@ step's token for it is dropped.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from dataclasses import dataclass
 
@@ -41,6 +42,12 @@ class TokenEvent:
     token: int
     finish: Finish | None
     logprobs: TokenLogprobs | None = None  # when the request asked for them
+
+
+def with_history(sl: SeqSlice, seq: Sequence) -> SeqSlice:
+    """sl carrying seq's tokens before it (for the penalties: O(length) per step, paid only by
+    penalized requests)."""
+    return dataclasses.replace(sl, history=seq.token_slice(0, sl.start_pos), prompt_len=len(seq.prompt_ids))
 
 
 class Scheduler:
@@ -146,7 +153,7 @@ class Scheduler:
             drafts = spec.drafts(seq, budget, self.blocks, len(self.running)) if spec is not None else ()
             # the decode slice of _slice(seq, n - 1, n), built inline (one per sequence per step)
             rid, params = seq.request_id, seq.params
-            append(SeqSlice(
+            sl = SeqSlice(
                 rid,
                 ((out[-1],) if out else seq.token_slice(n - 1, n)) + drafts,
                 n - 1,
@@ -155,7 +162,8 @@ class Scheduler:
                 True,
                 seq.suppressed() if params.min_tokens else (),
                 len(drafts),
-            ))
+            )
+            append(with_history(sl, seq) if params.penalized else sl)
             budget -= 1 + len(drafts)
         while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
             seq = self.waiting[0]
@@ -204,8 +212,9 @@ class Scheduler:
                     continue  # the token on the way ends it
             if n > len(seq.block_table) * block_size and not self._take_blocks(seq, n):
                 return None
-            slices.append(SeqSlice(rid, tokens, n - 1, self._table(seq), params, True,
-                                   seq.suppressed(pending) if params.min_tokens else (), 0, row))
+            sl = SeqSlice(rid, tokens, n - 1, self._table(seq), params, True,
+                          seq.suppressed(pending) if params.min_tokens else (), 0, row)
+            slices.append(with_history(sl, seq) if params.penalized else sl)
         return self._planned(slices) if slices else None
 
     def _table(self, seq: Sequence) -> tuple[int, ...]:
@@ -286,7 +295,7 @@ class Scheduler:
         self.running.append(seq)
 
     def _slice(self, seq: Sequence, start: int, end: int) -> SeqSlice:
-        return SeqSlice(
+        sl = SeqSlice(
             request_id=seq.request_id,
             token_ids=seq.token_slice(start, end),
             start_pos=start,
@@ -295,6 +304,7 @@ class Scheduler:
             sample=end == len(seq),
             suppress_token_ids=seq.suppressed(),
         )
+        return with_history(sl, seq) if seq.params.penalized else sl
 
     def _take_blocks(self, seq: Sequence, num_tokens: int) -> bool:
         need = self.blocks.blocks_for(num_tokens) - len(seq.block_table)

@@ -36,6 +36,10 @@ class SeqSlice:
     the token on the device, where the previous step sampled it (row `prev_row` of that step's
     sampled slices).
 
+    A slice whose params are `penalized` carries `history`, the sequence's tokens at positions
+    0 .. start_pos - 1 (`prompt_len` of them the prompt): with its own token_ids (a placeholder
+    read on the device) they are what the penalties count. Other slices leave both empty.
+
     Treat it as immutable (it hashes by value). Not frozen: a frozen dataclass pays an
     object.__setattr__ per field at construction, and a step builds one slice per sequence.
     """
@@ -49,6 +53,8 @@ class SeqSlice:
     suppress_token_ids: tuple[int, ...] = ()
     num_drafts: int = 0
     prev_row: int = -1
+    history: tuple[int, ...] = ()
+    prompt_len: int = 0
 
     @property
     def end_pos(self) -> int:

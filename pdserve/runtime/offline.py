@@ -33,7 +33,8 @@ def generate(
     outs: list[list[int]] = [[] for _ in prompts]
     live = list(range(len(prompts)))
     slices = [
-        SeqSlice(str(i), tuple(p), 0, tables[i], params, True, _suppress(outs[i], params, suppress))
+        SeqSlice(str(i), tuple(p), 0, tables[i], params, True, _suppress(outs[i], params, suppress),
+                 prompt_len=len(p) if params.penalized else 0)
         for i, p in enumerate(prompts)
     ]
     while live:
@@ -41,14 +42,16 @@ def generate(
         for i in live:
             outs[i].append(sampled[str(i)])
         live = [i for i in live if len(outs[i]) < params.max_tokens and outs[i][-1] not in stops]
-        slices = [
-            SeqSlice(
-                str(i), (outs[i][-1],), len(prompts[i]) + len(outs[i]) - 1, tables[i], params,
-                True, _suppress(outs[i], params, suppress),
-            )
-            for i in live
-        ]
+        slices = [_decode(str(i), prompts[i], outs[i], tables[i], params, suppress) for i in live]
     return outs
+
+
+def _decode(rid: str, prompt: list[int], out: list[int], table: tuple[int, ...], params: SamplingParams,
+            stops: tuple[int, ...]) -> SeqSlice:
+    """The decode slice of a sequence's newest token (with its history when penalized)."""
+    history = tuple(prompt + out[:-1]) if params.penalized else ()
+    return SeqSlice(rid, (out[-1],), len(prompt) + len(out) - 1, table, params, True, _suppress(out, params, stops),
+                    history=history, prompt_len=len(prompt) if params.penalized else 0)
 
 
 def _suppress(out: list[int], params: SamplingParams, stops: tuple[int, ...]) -> tuple[int, ...]:

@@ -237,3 +237,28 @@ def test_token_events_carry_the_step_logprobs():
     assert [lp for t, lp, _ in seen["lp"]] == [TokenLogprobs(-0.5 - t, ((t, -0.5 - t),)) for t, _, _ in seen["lp"]]
     assert seen["lp"][-1][2] is Finish.LENGTH
     leak_check(sched)
+
+
+def test_penalized_slices_carry_their_history():
+    """A penalized request's slices carry its tokens before them (prefill, decode and overlapped
+    placeholder slices); others carry none."""
+    sched, runner = make()
+    pen = Sequence("pen", [5, 6, 7], SamplingParams(temperature=0, max_tokens=4, frequency_penalty=1.0))
+    sched.add(pen)
+    sched.add(Sequence("plain", [8, 9], SamplingParams(temperature=0, max_tokens=4)))
+    step = sched.schedule()
+    first = {s.request_id: s for s in step.seqs}
+    assert (first["pen"].history, first["pen"].prompt_len) == ((), 3)
+    assert (first["plain"].history, first["plain"].prompt_len) == ((), 0)
+    sched.update(step, runner.execute(step))
+    step = sched.schedule()
+    dec = {s.request_id: s for s in step.seqs}["pen"]
+    assert dec.history == (5, 6, 7) and dec.token_ids == (pen.output_ids[-1],) and dec.prompt_len == 3
+    nxt = {s.request_id: s for s in sched.schedule_next().seqs}  # step in flight: placeholders
+    assert nxt["pen"].prev_row >= 0 and nxt["pen"].history == (5, 6, 7, pen.output_ids[-1])
+    assert nxt["plain"].history == ()
+    sched.update(step, runner.execute(step))
+    step = sched._last
+    sched.update(step, runner.execute(step))
+    run_all(sched, runner)
+    leak_check(sched)

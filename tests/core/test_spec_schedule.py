@@ -276,7 +276,10 @@ def _noisy(spec: bool) -> tuple[Scheduler, NoisyRunner]:
     return sched, NoisyRunner(4)
 
 
-def test_requests_with_logprobs_get_no_drafts() -> None:
-    """A verify step reports no logprobs, so a request asking for them is never speculated."""
-    seq = Sequence("x", [1] * 5, SamplingParams(max_tokens=10, logprobs=0), output_ids=[2])
+@pytest.mark.parametrize("kw", [dict(logprobs=0), dict(repetition_penalty=1.2), dict(presence_penalty=-1.0)])
+def test_requests_with_logprobs_or_penalties_get_no_drafts(kw) -> None:
+    """A verify step reports no logprobs and applies no penalties, so such requests are never
+    speculated (the same request without them is)."""
+    seq = Sequence("x", [1] * 5, SamplingParams(max_tokens=10, **kw), output_ids=[2])
     assert draft_limit(seq, 4, 100) == 0
+    assert draft_limit(Sequence("x", [1] * 5, SamplingParams(max_tokens=10), output_ids=[2]), 4, 100) == 4

@@ -201,3 +201,16 @@ def test_logprobs_equal_single_process_engine(client, offline_runner):
     plain = [m.chunk for m in client.stream(build_request(token_ids=prompt, max_tokens=2, temperature=0.0),
                                             timeout=60) if m.HasField("chunk")]
     assert not any(c.logprobs for c in plain)
+
+
+@pytest.mark.parametrize("penalties", [dict(repetition_penalty=1.3),
+                                       dict(frequency_penalty=1.5, presence_penalty=0.5)])
+def test_penalties_equal_single_process_engine(client, offline_runner, penalties):
+    """Penalized greedy tokens through the workers (the prefill worker's first token counts the
+    prompt alone; the decode worker counts the first token too) equal the single-process
+    engine's, and differ from unpenalized ones on a repetitive prompt."""
+    prompt = [504, 3575, 282, 4649, 314, 7042, 30, 504, 3575, 282, 4649, 314]
+    _, got, _ = client.generate(token_ids=prompt, max_tokens=24, temperature=0.0, ignore_eos=True, **penalties)
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, **penalties)
+    assert got == generate(offline_runner, [prompt], params)[0]
+    assert got != offline(offline_runner, prompt, 24)

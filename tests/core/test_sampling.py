@@ -1,0 +1,31 @@
+"""SamplingParams validation: each bad value is refused naming its field."""
+
+from __future__ import annotations
+
+import pytest
+
+from pdserve.core.sampling import MAX_LOGPROBS, SamplingParams, ValidationError
+
+
+@pytest.mark.parametrize("field,bad", [
+    ("logprobs", -1), ("logprobs", MAX_LOGPROBS + 1),
+    ("presence_penalty", 2.5), ("presence_penalty", float("nan")), ("frequency_penalty", -2.01),
+    ("frequency_penalty", float("inf")), ("repetition_penalty", 0.0), ("repetition_penalty", -1.0),
+    ("repetition_penalty", float("nan")),
+])
+def test_bad_values_name_their_field(field: str, bad: float) -> None:
+    with pytest.raises(ValidationError) as info:
+        SamplingParams(**{field: bad}).validate()
+    assert info.value.field == field
+
+
+@pytest.mark.parametrize("kw", [dict(logprobs=0), dict(logprobs=MAX_LOGPROBS), dict(presence_penalty=-2.0),
+                                dict(frequency_penalty=2.0), dict(repetition_penalty=0.01)])
+def test_edge_values_pass(kw: dict) -> None:
+    SamplingParams(**kw).validate()
+
+
+def test_penalized() -> None:
+    assert not SamplingParams().penalized and not SamplingParams(logprobs=3).penalized
+    assert SamplingParams(presence_penalty=0.1).penalized and SamplingParams(repetition_penalty=1.1).penalized
+    assert SamplingParams(frequency_penalty=-0.5).penalized

@@ -1,0 +1,145 @@
+"""Presence / frequency / repetition penalties: the device counts against a plain loop, greedy
+tokens against transformers' repetition penalty, and the overlapped loop (placeholders)."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+import torch
+from model.hf_tiny import hf_model, tiny_model  # noqa: F401 (fixture)
+
+from pdserve.core.block_manager import BlockManager
+from pdserve.core.request import Sequence
+from pdserve.core.sampling import SamplingParams
+from pdserve.core.scheduler import Scheduler, SchedulerConfig, TokenEvent
+from pdserve.core.step_io import PLACEHOLDER, SeqSlice
+from pdserve.model.spec import ModelSpec
+from pdserve.runtime.loop import EngineLoop
+from pdserve.runtime.offline import generate
+from pdserve.runtime.penalties import penalize
+from pdserve.runtime.runner import ModelRunner
+
+
+def _reference(row: torch.Tensor, prompt: list[int], output: list[int], p: SamplingParams) -> torch.Tensor:
+    """One row penalized token by token (the definitions, no tensors of counts)."""
+    out = row.clone().double()
+    for t in set(prompt) | set(output):
+        out[t] = out[t] / p.repetition_penalty if out[t] > 0 else out[t] * p.repetition_penalty
+    for t in set(output):
+        out[t] -= p.presence_penalty + p.frequency_penalty * output.count(t)
+    return out
+
+
+def test_penalize_counts_history_own_tokens_and_placeholders() -> None:
+    rng = random.Random(0)
+    vocab = 30
+    logits = torch.randn(5, vocab, generator=torch.Generator().manual_seed(0)) * 3
+    prev_tokens = torch.tensor([7, 11, 7], dtype=torch.int32)
+    both = SamplingParams(presence_penalty=0.5, frequency_penalty=0.7, repetition_penalty=1.8)
+    prompt0 = [rng.randrange(vocab) for _ in range(9)]
+    out0 = [rng.randrange(vocab) for _ in range(6)] + [7, 7]
+    slices = [
+        # a prefill's last chunk: prompt tokens 0..3 in history, 4..8 its own
+        SeqSlice("pre", tuple(prompt0[4:]), 4, (0,), both, history=tuple(prompt0[:4]), prompt_len=9),
+        SeqSlice("off", (1, 2, 3), 0, (0,), SamplingParams(temperature=0.0)),  # not penalized: untouched
+        # a decode slice: its token is the newest output
+        SeqSlice("dec", (out0[-1],), 16, (0,), both, history=tuple(prompt0 + out0[:-1]), prompt_len=9),
+        # a placeholder: its token is the previous step's row 1 (11)
+        SeqSlice("ph", (PLACEHOLDER,), 17, (0,), SamplingParams(frequency_penalty=-1.5), True, (), 0, 1,
+                 tuple(prompt0 + out0), 9),
+        SeqSlice("rep", (4,), 3, (0,), SamplingParams(repetition_penalty=0.5), history=(4, 5, 6), prompt_len=2),
+    ]
+    got = penalize(logits, slices, prev_tokens)
+    want = [
+        _reference(logits[0], prompt0, [], both),
+        logits[1].double(),
+        _reference(logits[2], prompt0, out0, both),
+        _reference(logits[3], prompt0, out0 + [11], slices[3].sampling),
+        _reference(logits[4], [4, 5], [6, 4], slices[4].sampling),
+    ]
+    for r, w in enumerate(want):
+        assert torch.allclose(got[r].double(), w, atol=1e-5), r
+    assert torch.equal(penalize(logits, [slices[1]]), logits)  # nothing penalized: the same tensor
+    with pytest.raises(ValueError, match="placeholder"):
+        penalize(logits[3:4], [slices[3]], None)
+
+
+def test_greedy_repetition_penalty_equals_transformers(tiny_model) -> None:  # noqa: F811 (fixture)
+    path = tiny_model("llama")
+    hf = hf_model(path)
+    runner = ModelRunner(ModelSpec.from_dir(path), path, num_blocks=64, block_size=4)
+    prompt = [5, 6, 7, 5, 6, 7, 5, 6]
+    for penalty in (1.0, 1.6, 0.7):
+        ids = torch.tensor([prompt])
+        want = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=12,
+                           min_new_tokens=12, repetition_penalty=penalty, eos_token_id=None, pad_token_id=0)
+        got = generate(runner, [prompt], SamplingParams(temperature=0.0, max_tokens=12, repetition_penalty=penalty))
+        assert got[0] == want[0, len(prompt):].tolist(), penalty
+    plain = generate(runner, [prompt], SamplingParams(temperature=0.0, max_tokens=12))[0]
+    strong = generate(runner, [prompt], SamplingParams(temperature=0.0, max_tokens=12, frequency_penalty=2.0,
+                                                       presence_penalty=2.0))[0]
+    assert strong != plain and len(set(strong)) > len(set(plain))
+
+
+SPEC = ModelSpec.from_config_dict(dict(
+    model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, vocab_size=50, max_position_embeddings=256,
+))
+
+
+def _requests() -> list[tuple[list[int], SamplingParams]]:
+    rng = random.Random(3)
+    return [([rng.randrange(50) for _ in range(3 + 4 * i)],
+             SamplingParams(temperature=0.0, max_tokens=20, frequency_penalty=0.4 * (i % 3), presence_penalty=0.3,
+                            repetition_penalty=1.0 + 0.2 * i)) for i in range(6)]
+
+
+def _loop_tokens(runner: ModelRunner, overlap: bool) -> dict[str, list[int]]:
+    """Every request of _requests() through an engine loop; checks placeholders were (not) used."""
+    sched = Scheduler(SchedulerConfig(max_model_len=256), BlockManager(runner.num_blocks, runner.block_size))
+    loop, got, done, placeholders = EngineLoop(sched, runner, overlap=overlap), {}, [], []
+    real = runner.launch
+    runner.launch = lambda step, hook=None: (placeholders.extend(s.prev_row for s in step.seqs), real(step, hook))[1]
+    loop._launch = runner.launch if overlap else None
+
+    def sink(ev: TokenEvent) -> None:
+        got.setdefault(ev.request_id, []).append(ev.token)
+        if ev.finish is not None:
+            done.append(ev.request_id)
+
+    requests = _requests()
+    for i, (prompt, params) in enumerate(requests):
+        loop.submit(Sequence(f"r{i}", prompt, params), sink)
+    loop.start()
+    try:
+        deadline = time.monotonic() + 60
+        while len(done) < len(requests) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        loop.stop()
+    assert len(done) == len(requests)
+    assert sched.blocks.num_free == sched.blocks.num_total
+    assert (max(placeholders) >= 0) == overlap
+    return got
+
+
+def test_overlapped_loop_penalizes_placeholder_tokens() -> None:
+    """The overlapped loop (placeholder slices: the newest token read on the device) gives the
+    plain loop's tokens, and the offline generator's, for penalized greedy requests."""
+    make = lambda: ModelRunner(SPEC, None, num_blocks=200, block_size=4, load_format="dummy", seed=1)  # noqa: E731
+    plain, overlapped = _loop_tokens(make(), False), _loop_tokens(make(), True)
+    assert plain == overlapped
+    ref = make()
+    for i, (prompt, params) in enumerate(_requests()):
+        assert plain[f"r{i}"] == generate(ref, [prompt], params)[0], i
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_graph_loop_penalized_overlapped_equals_plain() -> None:
+    """On the GPU (CUDA graphs, bf16, penalties on the graph's logits): overlapped == plain."""
+    make = lambda: ModelRunner(SPEC, None, device="cuda", dtype=torch.bfloat16, num_blocks=200,  # noqa: E731
+                               block_size=16, load_format="dummy", seed=1, max_model_len=256, max_num_seqs=8)
+    assert _loop_tokens(make(), False) == _loop_tokens(make(), True)
