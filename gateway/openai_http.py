@@ -86,6 +86,7 @@ class OpenAIServer:
     def __init__(self, generation: Generation, metrics: GatewayMetrics | None = None) -> None:
         self.generation = generation
         self.metrics = metrics
+        self.words = schema.TokenText(generation.tokenizer, generation.byte_table)  # for logprobs
         self.runner: web.AppRunner | None = None
         self.app = web.Application(client_max_size=16 << 20, middlewares=[json_errors])
         self.app.add_routes([web.get("/v1/models", self.models), web.get("/health", self.health),
@@ -144,10 +145,16 @@ class OpenAIServer:
             except GatewayError as e:
                 return error_response(e)
             reply = Reply(("chatcmpl-" if chat else "cmpl-") + rid, self.generation.model.name, chat,
-                          per_prompt=len(reqs) // len(prompts))
+                          per_prompt=len(reqs) // len(prompts), logprobs=self._logprobs(chat, reqs))
             if stream:
                 return await reply.stream(request, firsts, streams, include_usage)
             return await reply.whole(firsts, streams)
+
+    def _logprobs(self, chat: bool, reqs: list[gateway_pb2.GenerateRequest]) -> list[schema.ChoiceLogprobs | None]:
+        """Each choice's logprobs builder, None where the request did not ask for logprobs."""
+        eos = self.generation.model.eos_ids
+        return [schema.ChoiceLogprobs(chat, r, self.words, eos) if r.sampling.HasField("logprobs") else None
+                for r in reqs]
 
 
 async def _firsts(streams: list[AsyncIterator[gateway_pb2.GenerateResponse]], n: int, batch: bool
@@ -179,10 +186,14 @@ async def _json_body(request: web.Request) -> dict:
 
 class Reply:
     """Turns the GenerateResponse streams of a request's choices (prompt by prompt, `per_prompt`
-    each) into OpenAI JSON: one object, or SSE chunks that carry each choice's index."""
+    each) into OpenAI JSON: one object, or SSE chunks that carry each choice's index. `logprobs`: each
+    choice's builder, or None (`"logprobs": null`); a streamed chunk carries the logprobs of the tokens
+    of the gateway chunk it comes from (sent even when their text is held back)."""
 
-    def __init__(self, oid: str, model: str, chat: bool, per_prompt: int = 1) -> None:
+    def __init__(self, oid: str, model: str, chat: bool, logprobs: list[schema.ChoiceLogprobs | None],
+                 per_prompt: int = 1) -> None:
         self.oid, self.model, self.chat, self.per_prompt = oid, model, chat, per_prompt
+        self.logprobs = logprobs
         self.kind = "chat.completion" if chat else "text_completion"
 
     def usage(self, done: list[gateway_pb2.Complete]) -> dict:
@@ -191,22 +202,31 @@ class Reply:
         completion = sum(d.usage.completion_tokens for d in done)
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
+    def _part(self, i: int, chunk: gateway_pb2.Chunk) -> dict | None:
+        """Choice i's logprobs object for chunk's tokens, or None where it has none."""
+        lp = self.logprobs[i]
+        return lp.part(chunk) if lp is not None else None
+
     async def whole(self, firsts: list[gateway_pb2.GenerateResponse],
                     rests: list[AsyncIterator[gateway_pb2.GenerateResponse]]) -> web.Response:
         texts: list[list[str]] = [[] for _ in firsts]
+        logprobs = [lp.empty() if lp is not None else None for lp in self.logprobs]
         done: dict[int, gateway_pb2.Complete] = {}
         try:
             async with contextlib.aclosing(_merged(firsts, rests)) as merged:
                 async for i, msg in merged:
                     if msg.HasField("chunk"):
                         texts[i].append(msg.chunk.text)
+                        part = self._part(i, msg.chunk)
+                        if part is not None:
+                            schema.merge_logprobs(logprobs[i], part)
                     else:
                         done[i] = msg.complete
         except GatewayError as e:
             return error_response(e)
         obj = schema.envelope(self.kind, self.oid, self.model, [
             schema.choice(self.chat, "".join(texts[i]), schema.FINISH_NAMES.get(done[i].finish_reason), delta=False,
-                          index=i) for i in range(len(firsts))])
+                          index=i, logprobs=logprobs[i]) for i in range(len(firsts))])
         obj["usage"] = self.usage([done[i] for i in range(len(firsts))])
         return web.json_response(obj, headers={"x-request-id": done[0].request_id})
 
@@ -216,8 +236,9 @@ class Reply:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         kind = self.kind + ".chunk" if self.chat else self.kind
-        chunk = lambda i, text, finish, first=False: schema.envelope(  # noqa: E731
-            kind, self.oid, self.model, [schema.choice(self.chat, text, finish, delta=True, first=first, index=i)])
+        chunk = lambda i, text, finish, first=False, logprobs=None: schema.envelope(  # noqa: E731
+            kind, self.oid, self.model,
+            [schema.choice(self.chat, text, finish, delta=True, first=first, index=i, logprobs=logprobs)])
         if self.chat:
             for i in range(len(firsts)):
                 await resp.write(sse(chunk(i, "", None, first=True)))
@@ -226,8 +247,9 @@ class Reply:
             async with contextlib.aclosing(_merged(firsts, rests)) as merged:
                 async for i, msg in merged:
                     if msg.HasField("chunk"):
-                        if msg.chunk.text:
-                            await resp.write(sse(chunk(i, msg.chunk.text, None)))
+                        part = self._part(i, msg.chunk)
+                        if msg.chunk.text or (part is not None and any(part.values())):  # text or entries
+                            await resp.write(sse(chunk(i, msg.chunk.text, None, logprobs=part)))
                         continue
                     done[i] = msg.complete
                     await resp.write(sse(chunk(i, "", schema.FINISH_NAMES.get(msg.complete.finish_reason))))

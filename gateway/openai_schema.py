@@ -2,28 +2,41 @@
 
 Every problem with a body is a GatewayError(INVALID_ARGUMENT) whose `field` is the OpenAI
 parameter name, so the HTTP face can answer 400 with `param` set.
+
+Token logprobs (`logprobs`, and `top_logprobs` on chat) are each choice's, built chunk by chunk by
+ChoiceLogprobs: a streamed event carries the logprobs of the tokens of the gateway chunk it was
+made from (text held back for an incomplete character or a possible stop string goes out later,
+its tokens' logprobs do not wait), so the events' entries, joined, are the whole response's.
 """
 
 from __future__ import annotations
 
+import codecs
+import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import grpc
 
+from gateway.detokenizer import ByteTable
 from gateway.errors import GatewayError
+from gateway.generation import sampling_from_request
+from pdserve.core.request import Finish, Sequence, check_finish
+from pdserve.core.sampling import MAX_LOGPROBS
 from pdserve.proto import gateway_pb2
 
 FINISH_NAMES = {gateway_pb2.FINISH_REASON_STOP: "stop", gateway_pb2.FINISH_REASON_LENGTH: "length",
                 gateway_pb2.FINISH_REASON_ABORT: "abort"}
 MAX_CHOICES = 128  # prompts x n in one request: each choice is a generation of its own
-NUMBERS = {"temperature": float, "top_p": float, "top_k": int, "seed": int, "max_tokens": int, "min_tokens": int}
+NUMBERS = {"temperature": float, "top_p": float, "top_k": int, "seed": int, "max_tokens": int, "min_tokens": int,
+           "presence_penalty": float, "frequency_penalty": float, "repetition_penalty": float}
 # Parameters this server does not implement, with the values that ask for nothing (accepted as
 # if absent). Anything else is refused by name rather than ignored: a body asking for JSON output
 # or a penalty must not get plain sampling that looks like success.
 UNSUPPORTED: dict[str, tuple] = {
-    "presence_penalty": (0,), "frequency_penalty": (0,), "repetition_penalty": (1,), "min_p": (0,),
-    "best_of": (1,), "echo": (False,), "logprobs": (False,), "top_logprobs": (0,), "prompt_logprobs": (0,),
+    "min_p": (0,), "best_of": (1,), "prompt_logprobs": (0,),
+    "echo": (False,),  # with logprobs it would need the prompt's too, which no worker computes
     "suffix": ("",), "logit_bias": ({},), "tools": ([],), "functions": ([],),
     "tool_choice": ("none", "auto"), "function_call": ("none", "auto"),
     "response_format": ({"type": "text"},), "guided_json": (), "guided_regex": (), "guided_choice": (),
@@ -44,7 +57,7 @@ def _number(body: dict, name: str, kind: type) -> int | float | None:
     return kind(value)
 
 
-def sampling(body: dict) -> gateway_pb2.SamplingParams:
+def sampling(body: dict, chat: bool) -> gateway_pb2.SamplingParams:
     """The sampling fields of a completions or chat body (unset ones stay unset)."""
     for name, neutral in UNSUPPORTED.items():
         value = body.get(name)
@@ -70,7 +83,36 @@ def sampling(body: dict) -> gateway_pb2.SamplingParams:
         if not isinstance(body["ignore_eos"], bool):
             raise bad("ignore_eos", "must be a boolean")
         s.ignore_eos = body["ignore_eos"]
+    logprobs = _chat_logprobs(body) if chat else _completion_logprobs(body)
+    if logprobs is not None:
+        s.logprobs = logprobs
     return s
+
+
+def _alternatives(body: dict, name: str) -> int | None:
+    """body[name] as a number of most likely tokens to list: None or an integer in [0, MAX_LOGPROBS]."""
+    value = _number(body, name, int)
+    if value is not None and not 0 <= value <= MAX_LOGPROBS:
+        raise bad(name, f"must be in [0, {MAX_LOGPROBS}], got {value}")
+    return value
+
+
+def _completion_logprobs(body: dict) -> int | None:
+    """/v1/completions: `logprobs` is null (none) or how many alternatives each token lists."""
+    if _alternatives(body, "top_logprobs"):  # 0 asks for nothing
+        raise bad("top_logprobs", "is a chat parameter; on /v1/completions set logprobs to the number of alternatives")
+    return _alternatives(body, "logprobs")
+
+
+def _chat_logprobs(body: dict) -> int | None:
+    """/v1/chat/completions: `logprobs` true asks for them, with `top_logprobs` alternatives (default 0)."""
+    wanted = body.get("logprobs")
+    if wanted is not None and not isinstance(wanted, bool):
+        raise bad("logprobs", f"must be a boolean, got {wanted!r}")
+    top = _alternatives(body, "top_logprobs")
+    if top and not wanted:  # 0 asks for nothing
+        raise bad("top_logprobs", "needs logprobs: true")
+    return (top or 0) if wanted else None
 
 
 def _same(value: Any, neutral: Any) -> bool:
@@ -102,7 +144,7 @@ def completion_requests(body: dict) -> list[gateway_pb2.GenerateRequest]:
     batch = isinstance(prompt, list) and bool(prompt) and all(isinstance(p, (str, list)) for p in prompt)
     if batch and len(prompt) > MAX_CHOICES:
         raise bad("prompt", f"at most {MAX_CHOICES} prompts per request, got {len(prompt)}")
-    params, model = sampling(body), _model(body)
+    params, model = sampling(body, chat=False), _model(body)
     reqs = []
     for i, p in enumerate(prompt if batch else [prompt]):
         req = gateway_pb2.GenerateRequest(model=model, sampling=params)
@@ -119,7 +161,7 @@ def completion_requests(body: dict) -> list[gateway_pb2.GenerateRequest]:
 
 def chat_request(body: dict) -> gateway_pb2.GenerateRequest:
     """A GenerateRequest from a /v1/chat/completions body."""
-    req = gateway_pb2.GenerateRequest(model=_model(body), sampling=sampling(body))
+    req = gateway_pb2.GenerateRequest(model=_model(body), sampling=sampling(body, chat=True))
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad("messages", "must be a non-empty list of messages")
@@ -181,12 +223,105 @@ def envelope(kind: str, rid: str, model: str, choices: list[dict]) -> dict:
     return {"id": rid, "object": kind, "created": int(time.time()), "model": model, "choices": choices}
 
 
-def choice(chat: bool, text: str, finish: str | None, delta: bool, first: bool = False, index: int = 0) -> dict:
-    """One choice: chat message/delta or completion text, with its finish reason."""
+def choice(chat: bool, text: str, finish: str | None, delta: bool, first: bool = False, index: int = 0,
+           logprobs: dict | None = None) -> dict:
+    """One choice: chat message/delta or completion text, with its logprobs and finish reason."""
     if not chat:
-        return {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
     if not delta:
-        return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": None,
+        return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
                 "finish_reason": finish}
     d = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
-    return {"index": index, "delta": d, "logprobs": None, "finish_reason": finish}
+    return {"index": index, "delta": d, "logprobs": logprobs, "finish_reason": finish}
+
+
+class TokenText:
+    """Each token id as logprobs show it: its bytes (what it adds to a decoded text; a special
+    token's own text, e.g. "<|im_end|>") and its string. A token that is not valid UTF-8 alone (part
+    of a character) is written as OpenAI writes such tokens (vLLM too): "bytes:" and each of its bytes
+    escaped, e.g. "bytes:\\x20\\xe5\\x88" (never U+FFFD: tokens of different bytes stay apart)."""
+
+    def __init__(self, tokenizer, table: ByteTable | None) -> None:
+        if table is not None:
+            self.piece: Callable[[int], bytes] = table.pieces.__getitem__
+            self.special = table.special
+        else:  # a non-byte-level tokenizer: the token decoded alone (a SentencePiece word may lose its space)
+            self.piece = lambda t: tokenizer.decode([t], skip_special_tokens=False,
+                                                    clean_up_tokenization_spaces=False).encode()
+            self.special = frozenset(tokenizer.all_special_ids)
+
+    def string(self, token: int) -> str:
+        """The token's text alone, or its "bytes:\\x.." form."""
+        data = self.piece(token)
+        try:
+            return data.decode()
+        except UnicodeDecodeError:
+            return "bytes:" + "".join(f"\\x{b:02x}" for b in data)
+
+
+def _logprob(value: float) -> float:
+    """A logprob JSON can carry: -inf (a token the model rules out) becomes -9999.0, as in vLLM."""
+    return max(value, -9999.0)
+
+
+def merge_logprobs(into: dict, part: dict) -> None:
+    """Append part's entries (ChoiceLogprobs.part) to into's, field by field."""
+    for key, entries in part.items():
+        into[key].extend(entries)
+
+
+class ChoiceLogprobs:
+    """One choice's OpenAI `logprobs` object, chunk by chunk (`part`).
+
+    Completions: {"tokens", "token_logprobs", "top_logprobs", "text_offset"}, where a top_logprobs
+    entry maps the most likely tokens to their logprobs (only those alternatives: the chosen token is
+    in it when it is one of them, as OpenAI does; vLLM adds it) and text_offset is the character
+    offset of the token's text in the completion's text. Chat: {"content": [{"token", "logprob",
+    "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}.
+
+    A token the worker stopped on (EOS or a stop token id) adds no text, and is left out as OpenAI
+    does; every other token is in, those cut off by a stop string too (as in vLLM)."""
+
+    def __init__(self, chat: bool, req: gateway_pb2.GenerateRequest, words: TokenText,
+                 eos_ids: tuple[int, ...]) -> None:
+        self.chat, self.words = chat, words
+        self.seq = Sequence("", [], sampling_from_request(req.sampling), eos_ids)  # the worker's view, for stops
+        self.utf8 = codecs.getincrementaldecoder("utf-8")("replace")  # as the detokenizer: text_offset
+        self.offset = 0
+
+    def empty(self) -> dict:
+        """The object with no entries."""
+        if self.chat:
+            return {"content": []}
+        return {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+
+    def part(self, chunk: gateway_pb2.Chunk) -> dict:
+        """The object for chunk's tokens (in order, after the chunks before it)."""
+        if len(chunk.logprobs) != len(chunk.token_ids):
+            raise GatewayError(grpc.StatusCode.INTERNAL,
+                               f"{len(chunk.logprobs)} logprobs for {len(chunk.token_ids)} tokens")
+        out = self.empty()
+        kept = len(chunk.token_ids) - self._stopped_on(chunk)
+        for token, lp in zip(chunk.token_ids[:kept], chunk.logprobs):
+            if self.chat:
+                out["content"].append({**self._word(token, lp.logprob), "top_logprobs": [
+                    self._word(t, v) for t, v in zip(lp.top_token_ids, lp.top_logprobs)]})
+            else:
+                out["tokens"].append(self.words.string(token))
+                out["token_logprobs"].append(_logprob(lp.logprob))
+                out["top_logprobs"].append({self.words.string(t): _logprob(v)
+                                            for t, v in zip(lp.top_token_ids, lp.top_logprobs)})
+                out["text_offset"].append(self.offset)
+                if token not in self.words.special:  # the detokenizer skips them
+                    self.offset += len(self.utf8.decode(self.words.piece(token)))
+        return out
+
+    def _stopped_on(self, chunk: gateway_pb2.Chunk) -> bool:
+        """Whether the worker stopped on chunk's last token (then the chunk is the last one). STOP is
+        decided before any length, so the lengths check_finish is given do not matter here."""
+        self.seq.output_ids.extend(chunk.token_ids)
+        return bool(chunk.token_ids) and check_finish(self.seq, sys.maxsize) is Finish.STOP
+
+    def _word(self, token: int, logprob: float) -> dict:
+        """A chat entry's token, logprob and bytes."""
+        return {"token": self.words.string(token), "logprob": _logprob(logprob), "bytes": list(self.words.piece(token))}

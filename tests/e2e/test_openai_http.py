@@ -84,6 +84,10 @@ def test_chat_whole(client):
     ({"response_format": {"type": "json_object"}}, "response_format"), ({"seed": -1}, "seed"),
     ({"stream_options": {"include_usage": "yes"}}, "stream_options"),
     ({"messages": [{"role": "user", "content": "hi " * 600}]}, "messages"),
+    ({"logprobs": 2}, "logprobs"), ({"top_logprobs": 2}, "top_logprobs"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"presence_penalty": 2.5}, "presence_penalty"), ({"frequency_penalty": -3}, "frequency_penalty"),
+    ({"repetition_penalty": 0}, "repetition_penalty"),
 ])
 def test_bad_parameter_is_400_naming_it(client, kw, param):
     body = {"model": "", "messages": [{"role": "user", "content": "Hi"}], **kw}
@@ -92,6 +96,97 @@ def test_bad_parameter_is_400_naming_it(client, kw, param):
                                        extra_body={k: v for k, v in body.items() if k not in ("model", "messages")})
     assert err.value.status_code == 400 and err.value.body["param"] == param
     assert err.value.body["message"].startswith(param)
+
+
+def test_penalties_equal_grpc_and_change_greedy_text(http, client):
+    """OpenAI's presence/frequency penalties and vLLM's repetition_penalty reach the workers: the
+    completion equals the gRPC one with the same penalties, and differs from the plain one."""
+    stack, _ = http
+    prompt, pen = "one two one two one two one two", {"frequency_penalty": 1.5, "presence_penalty": 0.5,
+                                                      "repetition_penalty": 1.2}
+    kw = dict(model="", prompt=prompt, max_tokens=12, temperature=0)
+    got = client.completions.create(**kw, frequency_penalty=1.5, presence_penalty=0.5,
+                                    extra_body={"ignore_eos": True, "repetition_penalty": 1.2}).choices[0].text
+    plain = client.completions.create(**kw, extra_body={"ignore_eos": True}).choices[0].text
+    with Client(stack.gateway) as g:
+        text, _, _ = g.generate(text=prompt, max_tokens=12, temperature=0.0, ignore_eos=True, **pen)
+    assert got == text and got != plain
+
+
+def _greedy_and_aligned(tokens: list[str], logprobs: list[float], tops: list[dict[str, float]], width: int) -> None:
+    """Greedy picks each token as the most likely one: its logprob is its top-1's, and <= 0."""
+    assert len(tokens) == len(logprobs) == len(tops) and all(len(top) == width for top in tops)
+    for token, logprob, top in zip(tokens, logprobs, tops):
+        assert max(top, key=top.get) == token and top[token] == logprob <= 0
+        assert list(top.values()) == sorted(top.values(), reverse=True)
+
+
+def test_completion_logprobs_whole_and_streamed(client):
+    kw = dict(model="", prompt="The quick brown fox", max_tokens=6, temperature=0, logprobs=3,
+              extra_body={"ignore_eos": True})
+    r = client.completions.create(**kw)
+    c, lp = r.choices[0], r.choices[0].logprobs
+    assert c.finish_reason == "length" and len(lp.tokens) == r.usage.completion_tokens == 6
+    _greedy_and_aligned(lp.tokens, lp.token_logprobs, lp.top_logprobs, 3)
+    assert "".join(lp.tokens) == c.text
+    assert lp.text_offset == [len("".join(lp.tokens[:k])) for k in range(6)]
+    chunks = [ch.choices[0] for ch in client.completions.create(stream=True, **kw) if ch.choices]
+    parts = [ch.logprobs for ch in chunks if ch.logprobs is not None]
+    assert all(ch.text == "".join(p.tokens) for ch, p in zip(chunks, parts))  # each event: its tokens' text
+    assert [t for p in parts for t in p.tokens] == lp.tokens
+    assert [o for p in parts for o in p.text_offset] == lp.text_offset
+    assert [x for p in parts for x in p.token_logprobs] == pytest.approx(lp.token_logprobs, abs=1e-5)
+    assert chunks[-1].finish_reason == "length" and chunks[-1].logprobs is None
+    raw = client.completions.with_raw_response.create(**{**kw, "logprobs": None}).http_response.json()
+    assert "logprobs" in raw["choices"][0] and raw["choices"][0]["logprobs"] is None
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(**{**kw, "logprobs": 21})
+    assert err.value.body["param"] == "logprobs"
+
+
+def test_each_completion_choice_has_its_own_logprobs(client):
+    kw = dict(model="", max_tokens=3, temperature=0, logprobs=0, extra_body={"ignore_eos": True})
+    r = client.completions.create(prompt=["The quick brown fox", "Once upon a time"], **kw)
+    assert [len(c.logprobs.tokens) for c in r.choices] == [3, 3] and r.usage.completion_tokens == 6
+    assert all("".join(c.logprobs.tokens) == c.text and c.logprobs.top_logprobs == [{}] * 3 for c in r.choices)
+    assert r.choices[0].text != r.choices[1].text
+    twice = client.completions.create(prompt="Once upon a time", n=2, **kw)
+    assert [c.logprobs.tokens for c in twice.choices] == [r.choices[1].logprobs.tokens] * 2
+
+
+def test_chat_logprobs_whole_and_streamed(client):
+    kw = dict(model="", messages=[{"role": "user", "content": "What is the capital of France?"}], max_tokens=16,
+              temperature=0, logprobs=True, top_logprobs=2)
+    r = client.chat.completions.create(**kw)
+    c, content = r.choices[0], r.choices[0].logprobs.content
+    assert c.finish_reason == "stop" and len(content) == r.usage.completion_tokens - 1  # the EOS is not listed
+    tokens = [e.token for e in content]
+    _greedy_and_aligned(tokens, [e.logprob for e in content],
+                        [{t.token: t.logprob for t in e.top_logprobs} for e in content], 2)
+    assert "".join(tokens) == c.message.content and "Paris" in c.message.content
+    assert all(e.bytes == list(e.token.encode()) and e.top_logprobs[0].bytes == e.bytes for e in content)
+    chunks = [ch.choices[0] for ch in client.chat.completions.create(stream=True, **kw)]
+    parts = [ch.logprobs.content for ch in chunks if ch.logprobs is not None]
+    assert all((ch.delta.content or "") == "".join(e.token for e in p)
+               for ch, p in zip([ch for ch in chunks if ch.logprobs is not None], parts))
+    assert [e.token for p in parts for e in p] == tokens
+    assert [e.logprob for p in parts for e in p] == pytest.approx([e.logprob for e in content], abs=1e-5)
+    assert chunks[0].logprobs is None and chunks[-1].finish_reason == "stop" and chunks[-1].logprobs is None
+    plain = client.chat.completions.create(**{**kw, "logprobs": False, "top_logprobs": None})
+    assert plain.choices[0].logprobs is None and plain.choices[0].message.content == c.message.content
+
+
+def test_streamed_logprobs_of_tokens_whose_text_is_held_back(client):
+    """A token ending mid-character sends no text yet; its entry goes out with its own chunk all the same."""
+    kw = dict(model="", messages=[{"role": "user", "content": "Write the Chinese word for cat"}], max_tokens=6,
+              temperature=0, logprobs=True)
+    whole = client.chat.completions.create(**kw).choices[0]
+    content = whole.logprobs.content
+    assert any(e.token.startswith("bytes:\\x") for e in content) and len(content) == 6
+    assert bytes(b for e in content for b in e.bytes).decode(errors="replace") == whole.message.content
+    chunks = [ch.choices[0] for ch in client.chat.completions.create(stream=True, **kw)]
+    assert any(ch.logprobs is not None and not ch.delta.content for ch in chunks)  # entries, no text yet
+    assert [e.token for ch in chunks if ch.logprobs for e in ch.logprobs.content] == [e.token for e in content]
 
 
 def test_n_choices_draw_with_seed_plus_index(client):

@@ -1,23 +1,27 @@
 """OpenAI bodies -> GenerateRequest: parameters this server does not implement are refused by
-name, their do-nothing values are taken as absent (gateway/openai_schema.py)."""
+name, their do-nothing values are taken as absent; token logprobs as OpenAI JSON (gateway/openai_schema.py)."""
 
 from __future__ import annotations
 
 import grpc
 import pytest
 
+from gateway.detokenizer import ByteTable
 from gateway.errors import GatewayError
 from gateway.generation import UNKNOWN_MODEL
 from gateway.openai_http import error_body
-from gateway.openai_schema import MAX_CHOICES, bad, chat_request, completion_requests, samples
+from gateway.openai_schema import (MAX_CHOICES, ChoiceLogprobs, TokenText, bad, chat_request, completion_requests,
+                                   merge_logprobs, samples)
+from gateway.tokenizer import load_tokenizer
+from pdserve.proto import gateway_pb2
 
 CHAT = {"model": "", "messages": [{"role": "user", "content": "Hi"}]}
 
 
 @pytest.mark.parametrize("name, value", [
     ("response_format", {"type": "json_object"}), ("response_format", {"type": "json_schema", "json_schema": {}}),
-    ("presence_penalty", 0.5), ("frequency_penalty", -1), ("repetition_penalty", 1.2), ("min_p", 0.1),
-    ("logprobs", True), ("logprobs", 0), ("top_logprobs", 2), ("logit_bias", {"50": 100}),
+    ("min_p", 0.1),
+    ("prompt_logprobs", 1), ("logit_bias", {"50": 100}),
     ("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "required"),
     ("guided_json", {"type": "object"}), ("guided_choice", ["a", "b"]), ("echo", True), ("best_of", 2),
 ])
@@ -38,6 +42,17 @@ def test_values_that_ask_for_nothing_are_accepted(name, value):
     req = chat_request({**CHAT, name: value, "max_tokens": 7, "temperature": 0.5})
     assert req.sampling.max_tokens == 7 and req.sampling.temperature == 0.5
     assert req.chat.messages[0].content == "Hi"
+
+
+def test_penalties_reach_the_sampling_params():
+    for build, body in ((chat_request, CHAT), (completion_requests, {"model": "", "prompt": "Hi"})):
+        req = build({**body, "presence_penalty": 0.5, "frequency_penalty": -1, "repetition_penalty": 1.25})
+        req = req if isinstance(req, gateway_pb2.GenerateRequest) else req[0]
+        s = req.sampling
+        assert (s.presence_penalty, s.frequency_penalty, s.repetition_penalty) == (0.5, -1.0, 1.25)
+    with pytest.raises(GatewayError) as err:
+        chat_request({**CHAT, "frequency_penalty": "lots"})
+    assert err.value.field == "frequency_penalty"
 
 
 @pytest.mark.parametrize("name, value", [("seed", -5), ("seed", 2**64), ("top_k", 2**40), ("max_tokens", -2**40)])
@@ -86,3 +101,129 @@ def test_bad_prompts_and_n_are_refused_by_name(body, field):
     with pytest.raises(GatewayError) as err:
         samples(body, completion_requests(body))
     assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT and err.value.field == field
+
+
+# ---------------------------------------------------------------- logprobs: parameters
+
+
+@pytest.mark.parametrize("extra, asked", [
+    ({}, None), ({"logprobs": None}, None), ({"logprobs": 0}, 0), ({"logprobs": 5}, 5), ({"logprobs": 20}, 20),
+    ({"logprobs": 3, "top_logprobs": 0}, 3),
+])
+def test_completion_logprobs_ask_for_that_many_alternatives(extra, asked):
+    for req in samples({"n": 2}, completion_requests({"model": "", "prompt": ["a", "b"], **extra})):
+        assert req.sampling.HasField("logprobs") == (asked is not None)
+        assert req.sampling.logprobs == (asked or 0)
+
+
+@pytest.mark.parametrize("extra, asked", [
+    ({}, None), ({"logprobs": False}, None), ({"logprobs": True}, 0), ({"logprobs": True, "top_logprobs": 4}, 4),
+    ({"logprobs": True, "top_logprobs": 20}, 20), ({"logprobs": False, "top_logprobs": 0}, None),
+    ({"top_logprobs": None}, None),
+])
+def test_chat_logprobs_are_a_flag_with_top_logprobs_alternatives(extra, asked):
+    req = chat_request({**CHAT, **extra})
+    assert req.sampling.HasField("logprobs") == (asked is not None) and req.sampling.logprobs == (asked or 0)
+
+
+@pytest.mark.parametrize("chat, extra, field", [
+    (False, {"logprobs": True}, "logprobs"), (False, {"logprobs": False}, "logprobs"),
+    (False, {"logprobs": -1}, "logprobs"), (False, {"logprobs": 21}, "logprobs"),
+    (False, {"logprobs": 2**40}, "logprobs"), (False, {"logprobs": 1.5}, "logprobs"),
+    (False, {"logprobs": "3"}, "logprobs"), (False, {"top_logprobs": 2}, "top_logprobs"),
+    (False, {"logprobs": 2, "top_logprobs": 2}, "top_logprobs"),
+    (True, {"logprobs": 1}, "logprobs"), (True, {"logprobs": "true"}, "logprobs"),
+    (True, {"top_logprobs": 2}, "top_logprobs"), (True, {"logprobs": False, "top_logprobs": 1}, "top_logprobs"),
+    (True, {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    (True, {"logprobs": True, "top_logprobs": -1}, "top_logprobs"),
+    (True, {"logprobs": True, "top_logprobs": True}, "top_logprobs"),
+    (False, {"logprobs": 1, "echo": True}, "echo"), (True, {"logprobs": True, "echo": True}, "echo"),
+])
+def test_bad_logprobs_are_400_naming_the_parameter(chat, extra, field):
+    with pytest.raises(GatewayError) as err:
+        chat_request({**CHAT, **extra}) if chat else completion_requests({"model": "", "prompt": "Hi", **extra})
+    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT and err.value.field == field
+    status, body = error_body(err.value)
+    assert status == 400 and body["error"]["param"] == field and body["error"]["message"].startswith(f"{field}: ")
+
+
+def test_echo_false_goes_with_logprobs():
+    assert completion_requests({"prompt": "Hi", "logprobs": 2, "echo": False})[0].sampling.logprobs == 2
+
+
+# ---------------------------------------------------------------- logprobs: response objects
+
+
+@pytest.fixture(scope="module")
+def words(default_model_dir):
+    tok = load_tokenizer(default_model_dir)
+    return tok, TokenText(tok, ByteTable.build(tok))
+
+
+def _chunk(ids: list[int], logprob: float = -0.5, top: int = 2) -> gateway_pb2.Chunk:
+    """A gateway chunk with made-up logprobs: token k gets logprob - k, alternatives ids 10.. ."""
+    return gateway_pb2.Chunk(token_ids=ids, logprobs=[gateway_pb2.TokenLogprobs(
+        logprob=logprob - k, top_token_ids=range(10, 10 + top), top_logprobs=[-0.25] * top) for k in range(len(ids))])
+
+
+def _builder(chat: bool, words: TokenText, **sampling) -> ChoiceLogprobs:
+    req = gateway_pb2.GenerateRequest(sampling=gateway_pb2.SamplingParams(logprobs=2, **sampling))
+    return ChoiceLogprobs(chat, req, words, eos_ids=(2,))
+
+
+def test_completion_logprobs_strings_offsets_and_split_characters(words):
+    tok, text = words
+    ids = tok.encode(" Hi 刈 there", add_special_tokens=False)
+    pieces = [text.piece(t) for t in ids]
+    lp = _builder(False, text)
+    whole = lp.empty()
+    for k in range(0, len(ids), 2):
+        merge_logprobs(whole, lp.part(_chunk(ids[k:k + 2])))
+    assert whole["token_logprobs"] == [-0.5, -1.5] * (len(ids) // 2) + [-0.5] * (len(ids) % 2)
+    strings = []
+    for piece in pieces:
+        try:
+            strings.append(piece.decode())
+        except UnicodeDecodeError:  # part of 刈: written byte by byte
+            strings.append("bytes:" + "".join(f"\\x{b:02x}" for b in piece))
+    assert whole["tokens"] == strings and any(s.startswith("bytes:\\x") for s in strings)
+    # each token's text starts after the characters of the tokens before it: a split character counts once done
+    assert whole["text_offset"] == [len(b"".join(pieces[:k]).decode(errors="ignore")) for k in range(len(ids))]
+    assert whole["text_offset"][-1] == len(" Hi 刈")
+    assert whole["top_logprobs"][0] == {text.string(10): -0.25, text.string(11): -0.25}
+
+
+def test_chat_logprobs_carry_bytes_and_alternatives(words):
+    _, text = words
+    ids = [100, 101, 102]
+    content = _builder(True, text).part(_chunk(ids))["content"]
+    assert [c["token"] for c in content] == [text.string(t) for t in ids]
+    assert [c["bytes"] for c in content] == [list(text.piece(t)) for t in ids]
+    assert [c["logprob"] for c in content] == [-0.5, -1.5, -2.5]
+    assert [len(c["top_logprobs"]) for c in content] == [2, 2, 2]
+    assert content[0]["top_logprobs"][0] == {"token": text.string(10), "logprob": -0.25,
+                                             "bytes": list(text.piece(10))}
+
+
+@pytest.mark.parametrize("sampling, last, kept", [
+    ({}, 2, False),  # EOS ends it: no text, no entry
+    ({"ignore_eos": True}, 2, True),  # generated like any token
+    ({"min_tokens": 5}, 2, True),  # too early to stop (the worker would not sample it)
+    ({"stop_token_ids": [300]}, 300, False), ({}, 300, True),
+])
+def test_the_token_a_choice_stops_on_has_no_entry(words, sampling, last, kept):
+    _, text = words
+    for chat in (False, True):
+        lp = _builder(chat, text, **sampling)
+        first = lp.part(_chunk([100, 101]))
+        tail = lp.part(_chunk([102, last]))
+        entries = (lambda o: o["content"]) if chat else (lambda o: o["tokens"])
+        assert len(entries(first)) == 2 and len(entries(tail)) == (2 if kept else 1)
+    assert text.string(2) == "<|im_end|>"  # special tokens are shown by their own text
+
+
+def test_a_chunk_whose_logprobs_do_not_match_its_tokens_is_an_internal_error(words):
+    _, text = words
+    with pytest.raises(GatewayError) as err:
+        _builder(False, text).part(gateway_pb2.Chunk(token_ids=[5, 6], logprobs=[gateway_pb2.TokenLogprobs()]))
+    assert err.value.code == grpc.StatusCode.INTERNAL
