@@ -59,7 +59,8 @@ async def amain(args: argparse.Namespace) -> None:
     server = serving.new_server()
     kv_address = f"{args.advertise_host or args.host}:{args.port}"  # where prefill workers send KV
     kv_address = getattr(receiver, "kv_address", kv_address)  # nccl: its TCPStore
-    servicer = DecodeServicer(engine, built.runner.layout, kv_address, args.kv_transfer, built.model_name, args.role)
+    servicer = DecodeServicer(engine, built.runner.layout, kv_address, args.kv_transfer, built.model_name, args.role,
+                              built.spec.vocab_size)
     worker_pb2_grpc.add_DecodeWorkerServicer_to_server(servicer, server)
     from pdserve.metrics import export_otlp, serve_worker
 

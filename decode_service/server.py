@@ -27,8 +27,9 @@ log = logging.getLogger(__name__)
 
 class DecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
     def __init__(self, engine: DecodeEngine, layout: KvLayout, kv_address: str, backend: str, model: str,
-                 role: str = "decode") -> None:
+                 role: str = "decode", vocab_size: int | None = None) -> None:
         self.engine = engine
+        self.vocab_size = vocab_size  # for the sampling's token ids (logit_bias); None: unchecked
         self.role = role
         self.layout = layout
         self.kv_address = kv_address
@@ -135,7 +136,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
     async def _start_decode(self, request: worker_pb2.DecodeRequest, context: grpc.aio.ServicerContext,
                             sink) -> None:
         try:
-            params = sampling_from_wire(request.sampling)
+            params = sampling_from_wire(request.sampling, self.vocab_size)
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"sampling.{e}")
         await self._kv_arrived(request.request_id)
@@ -159,7 +160,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
         if not request.request_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request_id: empty")
         try:
-            params = sampling_from_wire(request.sampling)
+            params = sampling_from_wire(request.sampling, self.vocab_size)
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"sampling.{e}")
         try:

@@ -58,6 +58,7 @@ def sampling_from_request(s: gateway_pb2.SamplingParams) -> SamplingParams:
         stop=tuple(s.stop), stop_token_ids=tuple(s.stop_token_ids), ignore_eos=opt("ignore_eos", False),
         logprobs=opt("logprobs", None), presence_penalty=opt("presence_penalty", 0.0),
         frequency_penalty=opt("frequency_penalty", 0.0), repetition_penalty=opt("repetition_penalty", 1.0),
+        min_p=opt("min_p", 0.0), logit_bias=tuple(sorted(s.logit_bias.items())),
     )
 
 
@@ -121,7 +122,7 @@ class Generation:
         if req.model and req.model != self.model.name:
             raise ValidationError("model", f"{UNKNOWN_MODEL} {req.model!r}; this gateway serves {self.model.name!r}")
         params = sampling_from_request(req.sampling)
-        params.validate()
+        params.validate(self.model.vocab_size)
         kind = req.WhichOneof("input")
         try:
             if kind == "text":

@@ -30,14 +30,14 @@ FINISH_NAMES = {gateway_pb2.FINISH_REASON_STOP: "stop", gateway_pb2.FINISH_REASO
                 gateway_pb2.FINISH_REASON_ABORT: "abort"}
 MAX_CHOICES = 128  # prompts x n in one request: each choice is a generation of its own
 NUMBERS = {"temperature": float, "top_p": float, "top_k": int, "seed": int, "max_tokens": int, "min_tokens": int,
-           "presence_penalty": float, "frequency_penalty": float, "repetition_penalty": float}
+           "presence_penalty": float, "frequency_penalty": float, "repetition_penalty": float, "min_p": float}
 # Parameters this server does not implement, with the values that ask for nothing (accepted as
 # if absent). Anything else is refused by name rather than ignored: a body asking for JSON output
 # or a penalty must not get plain sampling that looks like success.
 UNSUPPORTED: dict[str, tuple] = {
-    "min_p": (0,), "best_of": (1,), "prompt_logprobs": (0,),
+    "best_of": (1,), "prompt_logprobs": (0,),
     "echo": (False,),  # with logprobs it would need the prompt's too, which no worker computes
-    "suffix": ("",), "logit_bias": ({},), "tools": ([],), "functions": ([],),
+    "suffix": ("",), "tools": ([],), "functions": ([],),
     "tool_choice": ("none", "auto"), "function_call": ("none", "auto"),
     "response_format": ({"type": "text"},), "guided_json": (), "guided_regex": (), "guided_choice": (),
     "guided_grammar": (), "structured_outputs": (),
@@ -83,10 +83,33 @@ def sampling(body: dict, chat: bool) -> gateway_pb2.SamplingParams:
         if not isinstance(body["ignore_eos"], bool):
             raise bad("ignore_eos", "must be a boolean")
         s.ignore_eos = body["ignore_eos"]
+    for token, bias in _logit_bias(body.get("logit_bias")).items():
+        s.logit_bias[token] = bias
     logprobs = _chat_logprobs(body) if chat else _completion_logprobs(body)
     if logprobs is not None:
         s.logprobs = logprobs
     return s
+
+
+def _logit_bias(value: Any) -> dict[int, float]:
+    """OpenAI's logit_bias, {"token id": bias}, as {id: bias} (ranges are checked with the other
+    sampling fields, against the vocabulary)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise bad("logit_bias", f"must be an object of token id -> bias, got {value!r:.80}")
+    out: dict[int, float] = {}
+    for key, bias in value.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise bad("logit_bias", f"keys must be token ids, got {key!r:.40}") from None
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)):
+            raise bad("logit_bias", f"the bias of token {token} must be a number, got {bias!r:.40}")
+        if not -2**63 <= token < 2**63:
+            raise bad("logit_bias", f"token id {token} is outside the vocabulary")
+        out[token] = float(bias)
+    return out
 
 
 def _alternatives(body: dict, name: str) -> int | None:

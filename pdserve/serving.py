@@ -42,6 +42,8 @@ def sampling_to_wire(p: SamplingParams) -> worker_pb2.WorkerSampling:
         ignore_eos=p.ignore_eos,
         presence_penalty=p.presence_penalty,
         frequency_penalty=p.frequency_penalty,
+        min_p=p.min_p,
+        logit_bias=dict(p.logit_bias),
     )
     if p.repetition_penalty != 1.0:
         w.repetition_penalty = p.repetition_penalty
@@ -52,7 +54,7 @@ def sampling_to_wire(p: SamplingParams) -> worker_pb2.WorkerSampling:
     return w
 
 
-def sampling_from_wire(w: worker_pb2.WorkerSampling) -> SamplingParams:
+def sampling_from_wire(w: worker_pb2.WorkerSampling, vocab_size: int | None = None) -> SamplingParams:
     p = SamplingParams(
         temperature=w.temperature,
         top_p=w.top_p,
@@ -66,8 +68,10 @@ def sampling_from_wire(w: worker_pb2.WorkerSampling) -> SamplingParams:
         presence_penalty=w.presence_penalty,
         frequency_penalty=w.frequency_penalty,
         repetition_penalty=w.repetition_penalty if w.HasField("repetition_penalty") else 1.0,
+        min_p=w.min_p,
+        logit_bias=tuple(sorted(w.logit_bias.items())),
     )
-    p.validate()
+    p.validate(vocab_size)
     return p
 
 

@@ -29,7 +29,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillWorkerServicer):
     async def Prefill(self, request: worker_pb2.PrefillRequest, context: grpc.aio.ServicerContext) -> worker_pb2.PrefillResponse:
         prompt = list(request.prompt_token_ids)
         try:
-            params = sampling_from_wire(request.sampling)
+            params = sampling_from_wire(request.sampling, self.vocab_size)
         except ValueError as e:  # ValidationError names the field
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"sampling.{e}")
         error = self._check(request, prompt)

@@ -34,6 +34,10 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     # vLLM's / HF's: a token of the prompt or the output has its logit divided by it if > 0, else multiplied
     repetition_penalty: float = 1.0
+    # drop tokens less likely than min_p times the most likely one (after temperature)
+    min_p: float = 0.0
+    # OpenAI's: (token id, bias in [-100, 100]) added to the logits before anything else
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     @property
     def greedy(self) -> bool:
@@ -44,8 +48,8 @@ class SamplingParams:
         """Whether sampling depends on the tokens so far (a slice then carries them: SeqSlice.history)."""
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
 
-    def validate(self) -> None:
-        """Raise ValidationError naming the first bad field."""
+    def validate(self, vocab_size: int | None = None) -> None:
+        """Raise ValidationError naming the first bad field (token ids checked against vocab_size if given)."""
         if not math.isfinite(self.temperature) or self.temperature < 0:
             raise ValidationError("temperature", f"must be a finite number >= 0, got {self.temperature}")
         if not math.isfinite(self.top_p) or not 0.0 < self.top_p <= 1.0:
@@ -70,6 +74,13 @@ class SamplingParams:
                 raise ValidationError(name, f"must be in [-2, 2], got {v}")
         if not math.isfinite(self.repetition_penalty) or self.repetition_penalty <= 0:
             raise ValidationError("repetition_penalty", f"must be a finite number > 0, got {self.repetition_penalty}")
+        if not math.isfinite(self.min_p) or not 0.0 <= self.min_p <= 1.0:
+            raise ValidationError("min_p", f"must be in [0, 1], got {self.min_p}")
+        for token, bias in self.logit_bias:
+            if token < 0 or (vocab_size is not None and token >= vocab_size):
+                raise ValidationError("logit_bias", f"token id {token} is outside the vocabulary [0, {vocab_size or 'V'})")
+            if not math.isfinite(bias) or not -100.0 <= bias <= 100.0:
+                raise ValidationError("logit_bias", f"the bias of token {token} must be in [-100, 100], got {bias}")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise ValidationError("logprobs", f"must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
 

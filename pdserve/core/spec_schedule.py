@@ -25,7 +25,7 @@ from pdserve.core.speculative import NgramProposer, SpecStats, SpeculativeConfig
 def draft_limit(seq: Sequence, k: int, max_model_len: int) -> int:
     """Most drafts seq may verify now: every verified position could be emitted."""
     n_out, p = len(seq.output_ids), seq.params
-    if p.logprobs is not None or p.penalized:  # verify steps report no logprobs, apply no penalties
+    if p.logprobs is not None or p.penalized or p.logit_bias:  # verify steps report no logprobs, apply neither
         return 0
     limit = min(k, p.max_tokens - n_out - 1, max_model_len - len(seq) - 1)
     if n_out < p.min_tokens:  # stay below the boundary: suppression is uniform over the slice

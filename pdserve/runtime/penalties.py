@@ -1,4 +1,5 @@
-"""Presence, frequency and repetition penalties on the logits of a step's sampled rows.
+"""Logit biases, then presence, frequency and repetition penalties, on the logits of a step's
+sampled rows (`process`).
 
 OpenAI's presence and frequency penalties count the tokens generated so far (logit -=
 presence * [count > 0] + frequency * count); the repetition penalty (vLLM's, Hugging Face's)
@@ -6,6 +7,7 @@ covers the prompt's tokens as well: such a token's logit is divided by it when p
 multiplied by it otherwise. The counts are built on the device from each penalized slice's
 `history` and own tokens, plus, for a placeholder slice (overlapped steps), the token the
 previous step sampled (read on the device, no sync). Repetition first, then the others, as vLLM.
+OpenAI's logit_bias is added to each listed token's logit before the penalties.
 """
 
 from __future__ import annotations
@@ -16,6 +18,21 @@ import torch
 
 from pdserve.core.step_io import SeqSlice
 from pdserve.runtime.sampler import to_device
+
+
+def process(logits: torch.Tensor, slices: Sequence[SeqSlice], prev_tokens: torch.Tensor | None = None) -> torch.Tensor:
+    """logits [B, V] of the sampled slices with each row's logit_bias added, then its penalties
+    applied (`penalize`): a new tensor, or `logits` itself when no slice has either."""
+    rows = [b for b, s in enumerate(slices) if s.sampling.logit_bias]
+    if rows:
+        r = [b for b in rows for _ in slices[b].sampling.logit_bias]
+        cols = [t for b in rows for t, _ in slices[b].sampling.logit_bias]
+        biases = [v for b in rows for _, v in slices[b].sampling.logit_bias]
+        dev = logits.device
+        logits = logits.clone()
+        logits.index_put_((to_device(r, dev), to_device(cols, dev)), to_device(biases, dev, logits.dtype),
+                          accumulate=True)
+    return penalize(logits, slices, prev_tokens)
 
 
 def penalize(logits: torch.Tensor, slices: Sequence[SeqSlice], prev_tokens: torch.Tensor | None = None) -> torch.Tensor:

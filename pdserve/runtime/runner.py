@@ -18,7 +18,7 @@ from pdserve.model.spec import ModelSpec
 from pdserve.runtime.cuda_graph import DecodeGraphs
 from pdserve.runtime.kv_cache import allocate_kv_pool, kv_layout
 from pdserve.runtime.kv_quant import allocate_quant_pool, is_quantized, quant_kv_layout
-from pdserve.runtime.penalties import penalize
+from pdserve.runtime.penalties import process
 from pdserve.runtime.sampler import TRITON_NUCLEUS_MIN_ROWS, QueuedLogprobs, queue_logprobs, sample_on_device, to_device
 from pdserve.runtime.staging import HostStager, check_block_ids, flat_slot_mapping, fill_placeholders
 
@@ -152,7 +152,7 @@ class ModelRunner:
             return LaunchedStep([], torch.empty(0, dtype=torch.int64), None)
         params = [s.sampling for s in sampled]
         tokens = sample_on_device(
-            penalize(logits, sampled, self.prev_tokens), params, [s.end_pos for s in sampled],
+            process(logits, sampled, self.prev_tokens), params, [s.end_pos for s in sampled],
             [s.suppress_token_ids for s in sampled], self.generator,
         )
         logprobs = queue_logprobs(logits, tokens, params)

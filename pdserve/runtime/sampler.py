@@ -100,7 +100,7 @@ KERNEL_SAMPLING = True
 def _kernel_draw(p: SamplingParams, vocab: int, device: torch.device) -> Draw | None:
     """The Triton draw for a row with these settings on this device, or None (a row's own
     settings and the device decide, never the batch: seeded draws rest on it)."""
-    if not (KERNEL_SAMPLING and device.type == "cuda") or (0 < p.top_k < vocab):
+    if not (KERNEL_SAMPLING and device.type == "cuda") or (0 < p.top_k < vocab) or p.min_p > 0:
         return None
     return _top_p_draw if p.top_p < 1.0 else _temperature_draw
 
@@ -223,9 +223,21 @@ def _chunk(v: int) -> int | None:
 
 
 def token_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
-    """Probabilities [B, V] after temperature, top-k and top-p (non-greedy params only). On
-    CUDA with TRITON_NUCLEUS_MIN_ROWS+ rows the tokens below each row's Triton
-    nucleus_threshold get none (no sort: pdserve.kernels.nucleus); otherwise _sorted_probs."""
+    """Probabilities [B, V] after temperature, top-k, top-p and min_p (non-greedy params only):
+    _cut_probs, then tokens less likely than min_p times the row's most likely get none (and
+    the rest is renormalized: rejection sampling reads probabilities)."""
+    probs = _cut_probs(logits, params)
+    if any(p.min_p > 0 for p in params):
+        min_p = to_device([p.min_p for p in params], logits.device, torch.float32)
+        probs = probs.masked_fill(probs < min_p[:, None] * probs.amax(dim=-1, keepdim=True), 0.0)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def _cut_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """Probabilities [B, V] after temperature, top-k and top-p. On CUDA with
+    TRITON_NUCLEUS_MIN_ROWS+ rows the tokens below each row's Triton nucleus_threshold get none
+    (no sort: pdserve.kernels.nucleus); otherwise _sorted_probs."""
     dev = logits.device
     temps = to_device([p.temperature for p in params], dev, torch.float32)
     x = logits / temps[:, None]

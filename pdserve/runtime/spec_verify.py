@@ -16,7 +16,7 @@ import torch
 
 from pdserve.core.sampling import SamplingParams
 from pdserve.core.step_io import SeqSlice, StepOutput
-from pdserve.runtime.penalties import penalize
+from pdserve.runtime.penalties import process
 from pdserve.runtime.sampler import position_seed, queue_logprobs, sample_on_device, token_probs
 
 
@@ -47,7 +47,7 @@ def verify_step(
     per_row = [(sl, sl.end_pos - n + 1 + i) for sl, _, n in batched for i in range(n)]
     params = [sl.sampling for sl, _ in per_row]
     picked = sample_on_device(  # penalized slices have no drafts (draft_limit): one row each
-        penalize(logits[rows], [sl for sl, _ in per_row]), params, [pos for _, pos in per_row],
+        process(logits[rows], [sl for sl, _ in per_row]), params, [pos for _, pos in per_row],
         [sl.suppress_token_ids for sl, _ in per_row], generator,
     )
     queued = queue_logprobs(logits[rows], picked, params)  # rows without drafts only (draft_limit)

@@ -276,7 +276,8 @@ def _noisy(spec: bool) -> tuple[Scheduler, NoisyRunner]:
     return sched, NoisyRunner(4)
 
 
-@pytest.mark.parametrize("kw", [dict(logprobs=0), dict(repetition_penalty=1.2), dict(presence_penalty=-1.0)])
+@pytest.mark.parametrize("kw", [dict(logprobs=0), dict(repetition_penalty=1.2), dict(presence_penalty=-1.0),
+                                dict(logit_bias=((3, 5.0),))])
 def test_requests_with_logprobs_or_penalties_get_no_drafts(kw) -> None:
     """A verify step reports no logprobs and applies no penalties, so such requests are never
     speculated (the same request without them is)."""

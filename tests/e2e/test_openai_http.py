@@ -87,7 +87,8 @@ def test_chat_whole(client):
     ({"logprobs": 2}, "logprobs"), ({"top_logprobs": 2}, "top_logprobs"),
     ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ({"presence_penalty": 2.5}, "presence_penalty"), ({"frequency_penalty": -3}, "frequency_penalty"),
-    ({"repetition_penalty": 0}, "repetition_penalty"),
+    ({"repetition_penalty": 0}, "repetition_penalty"), ({"min_p": 1.5}, "min_p"),
+    ({"logit_bias": {"1000000": 5}}, "logit_bias"), ({"logit_bias": {"5": 101}}, "logit_bias"),
 ])
 def test_bad_parameter_is_400_naming_it(client, kw, param):
     body = {"model": "", "messages": [{"role": "user", "content": "Hi"}], **kw}
@@ -111,6 +112,18 @@ def test_penalties_equal_grpc_and_change_greedy_text(http, client):
     with Client(stack.gateway) as g:
         text, _, _ = g.generate(text=prompt, max_tokens=12, temperature=0.0, ignore_eos=True, **pen)
     assert got == text and got != plain
+
+
+def test_logit_bias_forces_a_token_and_min_p_one_is_greedy(http, client):
+    """+100 on one token makes it every token of a sampled completion; min_p 1 keeps only the most
+    likely token, so a hot sampled completion equals the greedy one."""
+    kw = dict(model="", prompt="The weather today", max_tokens=6, extra_body={"ignore_eos": True})
+    forced = client.completions.create(**kw, temperature=1.0, logit_bias={"504": 100}, logprobs=0).choices[0]
+    assert forced.logprobs.tokens == [forced.logprobs.tokens[0]] * 6 and forced.text == forced.logprobs.tokens[0] * 6
+    greedy = client.completions.create(**kw, temperature=0).choices[0].text
+    hot = client.completions.create(model="", prompt="The weather today", max_tokens=6, temperature=1.5, seed=1,
+                                    extra_body={"ignore_eos": True, "min_p": 1.0}).choices[0].text
+    assert hot == greedy
 
 
 def _greedy_and_aligned(tokens: list[str], logprobs: list[float], tops: list[dict[str, float]], width: int) -> None:

@@ -20,8 +20,7 @@ CHAT = {"model": "", "messages": [{"role": "user", "content": "Hi"}]}
 
 @pytest.mark.parametrize("name, value", [
     ("response_format", {"type": "json_object"}), ("response_format", {"type": "json_schema", "json_schema": {}}),
-    ("min_p", 0.1),
-    ("prompt_logprobs", 1), ("logit_bias", {"50": 100}),
+    ("prompt_logprobs", 1),
     ("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "required"),
     ("guided_json", {"type": "object"}), ("guided_choice", ["a", "b"]), ("echo", True), ("best_of", 2),
 ])
@@ -44,15 +43,24 @@ def test_values_that_ask_for_nothing_are_accepted(name, value):
     assert req.chat.messages[0].content == "Hi"
 
 
-def test_penalties_reach_the_sampling_params():
+def test_penalties_min_p_and_logit_bias_reach_the_sampling_params():
     for build, body in ((chat_request, CHAT), (completion_requests, {"model": "", "prompt": "Hi"})):
-        req = build({**body, "presence_penalty": 0.5, "frequency_penalty": -1, "repetition_penalty": 1.25})
+        req = build({**body, "presence_penalty": 0.5, "frequency_penalty": -1, "repetition_penalty": 1.25,
+                     "min_p": 0.125, "logit_bias": {"50": 100, "7": -2.5}})
         req = req if isinstance(req, gateway_pb2.GenerateRequest) else req[0]
         s = req.sampling
-        assert (s.presence_penalty, s.frequency_penalty, s.repetition_penalty) == (0.5, -1.0, 1.25)
+        assert (s.presence_penalty, s.frequency_penalty, s.repetition_penalty, s.min_p) == (0.5, -1.0, 1.25, 0.125)
+        assert dict(s.logit_bias) == {50: 100.0, 7: -2.5}
+
+
+@pytest.mark.parametrize("name, value", [
+    ("frequency_penalty", "lots"), ("min_p", "high"), ("logit_bias", [1, 2]), ("logit_bias", {"x": 1}),
+    ("logit_bias", {"5": "up"}), ("logit_bias", {"5": True}), ("logit_bias", {str(2**70): 1}),
+])
+def test_bad_penalty_min_p_or_logit_bias_is_refused_by_name(name, value):
     with pytest.raises(GatewayError) as err:
-        chat_request({**CHAT, "frequency_penalty": "lots"})
-    assert err.value.field == "frequency_penalty"
+        chat_request({**CHAT, name: value})
+    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT and err.value.field == name
 
 
 @pytest.mark.parametrize("name, value", [("seed", -5), ("seed", 2**64), ("top_k", 2**40), ("max_tokens", -2**40)])

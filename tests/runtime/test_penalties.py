@@ -18,7 +18,7 @@ from pdserve.core.step_io import PLACEHOLDER, SeqSlice
 from pdserve.model.spec import ModelSpec
 from pdserve.runtime.loop import EngineLoop
 from pdserve.runtime.offline import generate
-from pdserve.runtime.penalties import penalize
+from pdserve.runtime.penalties import penalize, process
 from pdserve.runtime.runner import ModelRunner
 
 
@@ -143,3 +143,20 @@ def test_cuda_graph_loop_penalized_overlapped_equals_plain() -> None:
     make = lambda: ModelRunner(SPEC, None, device="cuda", dtype=torch.bfloat16, num_blocks=200,  # noqa: E731
                                block_size=16, load_format="dummy", seed=1, max_model_len=256, max_num_seqs=8)
     assert _loop_tokens(make(), False) == _loop_tokens(make(), True)
+
+
+def test_logit_bias_moves_greedy_and_drawn_tokens() -> None:
+    """-100 on each row's best token hands greedy to the runner-up; +100 on a token makes it
+    every draw's (a drawn row: temperature 1); rows without a bias are untouched."""
+    logits = torch.randn(3, 40, generator=torch.Generator().manual_seed(1))
+    best = logits.argmax(-1).tolist()
+    slices = [SeqSlice("a", (1,), 0, (0,), SamplingParams(temperature=0.0, logit_bias=((best[0], -100.0),))),
+              SeqSlice("b", (1,), 0, (0,), SamplingParams(temperature=1.0, logit_bias=((7, 100.0), (8, -3.0)))),
+              SeqSlice("c", (1,), 0, (0,), SamplingParams(temperature=0.0))]
+    out = process(logits, slices)
+    assert out[0].argmax() == logits[0].topk(2).indices[1]
+    assert out[1, 7] == logits[1, 7] + 100 and out[1, 8] == logits[1, 8] - 3
+    assert torch.equal(out[2], logits[2]) and torch.equal(logits[0].argmax(), torch.tensor(best[0]))
+    from pdserve.runtime.sampler import sample_tokens
+    draws = sample_tokens(out[1:2].expand(200, -1), [slices[1].sampling] * 200, list(range(200)))
+    assert set(draws) == {7}

@@ -89,6 +89,23 @@ def test_top_k_and_top_p_stay_inside_their_sets() -> None:
     assert set(got) <= nucleus and len(set(got)) > 1
 
 
+def test_min_p_draws_stay_above_the_cut() -> None:
+    """min_p keeps the tokens at least min_p times as likely as the best (after temperature),
+    alone or with top-k; the probabilities it leaves sum to 1 (rejection sampling reads them)."""
+    x = _logits(1, seed=6).repeat(400, 1)
+    p = (x[0] / 1.5).softmax(-1)
+    kept = set((p >= 0.2 * p.max()).nonzero().flatten().tolist())
+    assert 1 < len(kept) < 20
+    g = torch.Generator().manual_seed(0)
+    got = sample_tokens(x, [SamplingParams(temperature=1.5, min_p=0.2)] * 400, [0] * 400, generator=g)
+    assert set(got) <= kept and len(set(got)) > 1
+    both = SamplingParams(temperature=1.5, min_p=0.2, top_k=2)
+    got = sample_tokens(x, [both] * 400, [0] * 400, generator=g)
+    assert set(got) <= kept & set(p.topk(2).indices.tolist())
+    probs = token_probs(x[:2], [SamplingParams(temperature=1.5, min_p=0.2), SamplingParams(temperature=1.5)])
+    assert torch.allclose(probs.sum(-1), torch.ones(2)) and (probs[0] > 0).sum() == len(kept)
+
+
 def test_temperature_draws_follow_softmax() -> None:
     x = torch.tensor([[0.0, 1.0, 2.0, 0.5]]).repeat(8000, 1)
     got = torch.tensor(sample_tokens(x, [SamplingParams(temperature=1.0)] * 8000, [0] * 8000,
