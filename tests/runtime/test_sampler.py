@@ -233,6 +233,17 @@ def test_cuda_token_probs_match_the_cpu_path(rows: int, monkeypatch: pytest.Monk
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_min_p_rows_stay_above_the_cut() -> None:
+    """On CUDA a min_p row leaves the Triton draws (which know no min_p) for token_probs."""
+    x = _logits(1, seed=6).cuda().repeat(400, 1)
+    p = (x[0] / 1.5).softmax(-1)
+    kept = set((p >= 0.2 * p.max()).nonzero().flatten().tolist())
+    got = sample_tokens(x, [SamplingParams(temperature=1.5, min_p=0.2)] * 400, list(range(400)))
+    assert set(got) <= kept and len(set(got)) > 1
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("top_p", [0.8, 1.0])
 def test_cuda_kernel_draws_ignore_batch_composition(top_p: float) -> None:
     """On CUDA a seeded temperature/top-p row draws in kernels/sample.py (top_p 1: in
