@@ -192,7 +192,8 @@ def queue_logprobs(logits: torch.Tensor, tokens: torch.Tensor, params: Sequence[
     sub = logits if index is None else logits.index_select(0, index)
     picked = tokens if index is None else tokens.index_select(0, index)
     lp = sub.float().log_softmax(dim=-1)
-    top, top_ids = lp.topk(max(ks), dim=-1) if max(ks) else (lp[:, :0], picked.new_zeros((len(rows), 0)))
+    k = min(max(ks), lp.shape[1])  # a vocabulary smaller than the alternatives asked for lists them all
+    top, top_ids = lp.topk(k, dim=-1) if k else (lp[:, :0], picked.new_zeros((len(rows), 0)))
     return QueuedLogprobs(rows, ks, lp.gather(1, picked.view(-1, 1).long()).squeeze(1), top, top_ids)
 
 

@@ -46,6 +46,12 @@ def test_queue_logprobs_is_the_log_softmax_of_the_asking_rows(asks) -> None:
         assert all(a[1] >= b[1] for a, b in zip(got.top, got.top[1:]))
 
 
+def test_more_alternatives_than_the_vocabulary_lists_them_all() -> None:
+    logits = torch.randn(2, 6)
+    entries = queue_logprobs(logits, torch.tensor([1, 2]), [SamplingParams(logprobs=20)] * 2).entries()
+    assert [len(e.top) for e in entries] == [6, 6]
+
+
 def test_runner_logprobs_equal_transformers(tiny_model) -> None:  # noqa: F811 (fixture)
     """Prefill then decode steps with three requests side by side: greedy with 5 alternatives,
     seeded sampling with suppressed ids and the token's logprob only, one asking none. Each
