@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pdserve.core.block_manager import BlockManager, cacheable_blocks
 from pdserve.core.request import Finish, Sequence, SeqStatus, check_finish
 from pdserve.core.spec_schedule import DraftPlanner
-from pdserve.core.step_io import PLACEHOLDER, SeqSlice, StepInput, StepOutput, TokenLogprobs
+from pdserve.core.step_io import PLACEHOLDER, History, SeqSlice, StepInput, StepOutput, TokenLogprobs
 
 
 @dataclass(frozen=True)
@@ -45,9 +45,8 @@ class TokenEvent:
 
 
 def with_history(sl: SeqSlice, seq: Sequence) -> SeqSlice:
-    """sl carrying seq's tokens before it (for the penalties: O(length) per step, paid only by
-    penalized requests)."""
-    return dataclasses.replace(sl, history=seq.token_slice(0, sl.start_pos), prompt_len=len(seq.prompt_ids))
+    """sl carrying a view of seq's tokens before it (for the penalties; no copy)."""
+    return dataclasses.replace(sl, history=History(seq.prompt_ids, seq.output_ids, sl.start_pos))
 
 
 class Scheduler:

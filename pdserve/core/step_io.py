@@ -15,6 +15,25 @@ from pdserve.core.sampling import SamplingParams
 PLACEHOLDER = -1  # the token of a slice with prev_row >= 0, sampled by the step before
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class History:
+    """A sequence's first `length` tokens (`prompt` then `output`), read only when needed: a
+    runner that keeps counts between steps reads it again only for a request it has not seen
+    (the lists are the sequence's own, which only ever grow, so the view stays true)."""
+
+    prompt: list[int]
+    output: list[int]
+    length: int
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt)
+
+    def tokens(self) -> list[int]:
+        p = self.prompt
+        return p[: self.length] if self.length <= len(p) else p + self.output[: self.length - len(p)]
+
+
 @dataclass(slots=True, unsafe_hash=True)
 class SeqSlice:
     """The tokens of one sequence to run in this step.
@@ -36,9 +55,9 @@ class SeqSlice:
     the token on the device, where the previous step sampled it (row `prev_row` of that step's
     sampled slices).
 
-    A slice whose params are `penalized` carries `history`, the sequence's tokens at positions
-    0 .. start_pos - 1 (`prompt_len` of them the prompt): with its own token_ids (a placeholder
-    read on the device) they are what the penalties count. Other slices leave both empty.
+    A slice whose params are `penalized` carries `history`, a view of the sequence's tokens at
+    positions 0 .. start_pos - 1: with its own token_ids (a placeholder read on the device) they
+    are what the penalties count. Other slices carry None.
 
     Treat it as immutable (it hashes by value). Not frozen: a frozen dataclass pays an
     object.__setattr__ per field at construction, and a step builds one slice per sequence.
@@ -53,8 +72,7 @@ class SeqSlice:
     suppress_token_ids: tuple[int, ...] = ()
     num_drafts: int = 0
     prev_row: int = -1
-    history: tuple[int, ...] = ()
-    prompt_len: int = 0
+    history: History | None = None
 
     @property
     def end_pos(self) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pdserve.core.sampling import SamplingParams
-from pdserve.core.step_io import SeqSlice, StepInput
+from pdserve.core.step_io import History, SeqSlice, StepInput
 from pdserve.runtime.runner import ModelRunner
 
 
@@ -34,7 +34,7 @@ def generate(
     live = list(range(len(prompts)))
     slices = [
         SeqSlice(str(i), tuple(p), 0, tables[i], params, True, _suppress(outs[i], params, suppress),
-                 prompt_len=len(p) if params.penalized else 0)
+                 history=History(p, outs[i], 0) if params.penalized else None)
         for i, p in enumerate(prompts)
     ]
     while live:
@@ -49,9 +49,9 @@ def generate(
 def _decode(rid: str, prompt: list[int], out: list[int], table: tuple[int, ...], params: SamplingParams,
             stops: tuple[int, ...]) -> SeqSlice:
     """The decode slice of a sequence's newest token (with its history when penalized)."""
-    history = tuple(prompt + out[:-1]) if params.penalized else ()
-    return SeqSlice(rid, (out[-1],), len(prompt) + len(out) - 1, table, params, True, _suppress(out, params, stops),
-                    history=history, prompt_len=len(prompt) if params.penalized else 0)
+    start = len(prompt) + len(out) - 1
+    return SeqSlice(rid, (out[-1],), start, table, params, True, _suppress(out, params, stops),
+                    history=History(prompt, out, start) if params.penalized else None)
 
 
 def _suppress(out: list[int], params: SamplingParams, stops: tuple[int, ...]) -> tuple[int, ...]:

@@ -18,7 +18,7 @@ from pdserve.model.spec import ModelSpec
 from pdserve.runtime.cuda_graph import DecodeGraphs
 from pdserve.runtime.kv_cache import allocate_kv_pool, kv_layout
 from pdserve.runtime.kv_quant import allocate_quant_pool, is_quantized, quant_kv_layout
-from pdserve.runtime.penalties import process
+from pdserve.runtime.penalties import PenaltyCounts, process
 from pdserve.runtime.sampler import TRITON_NUCLEUS_MIN_ROWS, QueuedLogprobs, queue_logprobs, sample_on_device, to_device
 from pdserve.runtime.staging import HostStager, check_block_ids, flat_slot_mapping, fill_placeholders
 
@@ -93,6 +93,7 @@ class ModelRunner:
         # the last launched step's sampled tokens (device), read by its successor's placeholders
         self.prev_tokens = torch.zeros(max(1, max_num_seqs), dtype=torch.int32, device=self.device)
         self._prev_ids: list[str] = []
+        self.penalty_counts = PenaltyCounts(spec.vocab_size, self.device, max(1, max_num_seqs))
         self.graphs: DecodeGraphs | None = None
         if self.device.type == "cuda" and not enforce_eager:
             self.graphs = DecodeGraphs(
@@ -152,7 +153,7 @@ class ModelRunner:
             return LaunchedStep([], torch.empty(0, dtype=torch.int64), None)
         params = [s.sampling for s in sampled]
         tokens = sample_on_device(
-            process(logits, sampled, self.prev_tokens), params, [s.end_pos for s in sampled],
+            process(logits, sampled, self.prev_tokens, self.penalty_counts), params, [s.end_pos for s in sampled],
             [s.suppress_token_ids for s in sampled], self.generator,
         )
         logprobs = queue_logprobs(logits, tokens, params)

@@ -58,7 +58,7 @@ def execute_graphed(runner: ModelRunner, graphs: VerifyGraphs, step: StepInput) 
         if s.num_drafts >= len(s.token_ids):
             raise ValueError(f"{s.request_id}: num_drafts {s.num_drafts} needs more tokens than drafts")
     logits, firsts = graphs.run(step.seqs)
-    return verify_step(logits, list(zip(step.seqs, firsts)), runner.generator)
+    return verify_step(logits, list(zip(step.seqs, firsts)), runner.generator, runner.penalty_counts)
 
 
 @torch.inference_mode()
@@ -85,4 +85,4 @@ def execute_speculative(runner: ModelRunner, step: StepInput) -> StepOutput:
     meta = dataclasses.replace(meta, logits_indices=idx, is_decode=False)
     hidden = runner.model.forward(ids, positions, meta, runner.kv_pool)
     logits = runner.model.compute_logits(hidden)
-    return verify_step(logits, owned, runner.generator)
+    return verify_step(logits, owned, runner.generator, runner.penalty_counts)

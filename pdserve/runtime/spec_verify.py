@@ -16,17 +16,19 @@ import torch
 
 from pdserve.core.sampling import SamplingParams
 from pdserve.core.step_io import SeqSlice, StepOutput
-from pdserve.runtime.penalties import process
+from pdserve.runtime.penalties import PenaltyCounts, process
 from pdserve.runtime.sampler import position_seed, queue_logprobs, sample_on_device, token_probs
 
 
 def verify_step(
-    logits: torch.Tensor, seqs: Sequence[tuple[SeqSlice, int]], generator: torch.Generator | None
+    logits: torch.Tensor, seqs: Sequence[tuple[SeqSlice, int]], generator: torch.Generator | None,
+    counts: PenaltyCounts | None = None,
 ) -> StepOutput:
     """Tokens of one step whose logits rows were computed for the sampled slices only.
 
     seqs: (slice, first row); a slice owns rows first .. first + num_drafts (row i predicts
-    position end_pos - num_drafts + i). Slices with drafts land in StepOutput.emitted.
+    position end_pos - num_drafts + i). Slices with drafts land in StepOutput.emitted. counts:
+    the runner's penalty counts (penalized slices have no drafts).
     """
     batched: list[tuple[SeqSlice, int, int]] = []  # (slice, first row, rows): one sampler call
     rows: list[int] = []
@@ -47,7 +49,7 @@ def verify_step(
     per_row = [(sl, sl.end_pos - n + 1 + i) for sl, _, n in batched for i in range(n)]
     params = [sl.sampling for sl, _ in per_row]
     picked = sample_on_device(  # penalized slices have no drafts (draft_limit): one row each
-        process(logits[rows], [sl for sl, _ in per_row]), params, [pos for _, pos in per_row],
+        process(logits[rows], [sl for sl, _ in per_row], None, counts), params, [pos for _, pos in per_row],
         [sl.suppress_token_ids for sl, _ in per_row], generator,
     )
     queued = queue_logprobs(logits[rows], picked, params)  # rows without drafts only (draft_limit)

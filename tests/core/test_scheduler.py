@@ -248,15 +248,15 @@ def test_penalized_slices_carry_their_history():
     sched.add(Sequence("plain", [8, 9], SamplingParams(temperature=0, max_tokens=4)))
     step = sched.schedule()
     first = {s.request_id: s for s in step.seqs}
-    assert (first["pen"].history, first["pen"].prompt_len) == ((), 3)
-    assert (first["plain"].history, first["plain"].prompt_len) == ((), 0)
+    assert (first["pen"].history.tokens(), first["pen"].history.prompt_len) == ([], 3)
+    assert first["plain"].history is None
     sched.update(step, runner.execute(step))
     step = sched.schedule()
     dec = {s.request_id: s for s in step.seqs}["pen"]
-    assert dec.history == (5, 6, 7) and dec.token_ids == (pen.output_ids[-1],) and dec.prompt_len == 3
+    assert dec.history.tokens() == [5, 6, 7] and dec.token_ids == (pen.output_ids[-1],)
     nxt = {s.request_id: s for s in sched.schedule_next().seqs}  # step in flight: placeholders
-    assert nxt["pen"].prev_row >= 0 and nxt["pen"].history == (5, 6, 7, pen.output_ids[-1])
-    assert nxt["plain"].history == ()
+    assert nxt["pen"].prev_row >= 0 and nxt["pen"].history.tokens() == [5, 6, 7, pen.output_ids[-1]]
+    assert nxt["plain"].history is None
     sched.update(step, runner.execute(step))
     step = sched._last
     sched.update(step, runner.execute(step))

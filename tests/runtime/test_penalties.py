@@ -14,11 +14,11 @@ from pdserve.core.block_manager import BlockManager
 from pdserve.core.request import Sequence
 from pdserve.core.sampling import SamplingParams
 from pdserve.core.scheduler import Scheduler, SchedulerConfig, TokenEvent
-from pdserve.core.step_io import PLACEHOLDER, SeqSlice
+from pdserve.core.step_io import PLACEHOLDER, History, SeqSlice
 from pdserve.model.spec import ModelSpec
 from pdserve.runtime.loop import EngineLoop
 from pdserve.runtime.offline import generate
-from pdserve.runtime.penalties import penalize, process
+from pdserve.runtime.penalties import PenaltyCounts, process
 from pdserve.runtime.runner import ModelRunner
 
 
@@ -42,16 +42,16 @@ def test_penalize_counts_history_own_tokens_and_placeholders() -> None:
     out0 = [rng.randrange(vocab) for _ in range(6)] + [7, 7]
     slices = [
         # a prefill's last chunk: prompt tokens 0..3 in history, 4..8 its own
-        SeqSlice("pre", tuple(prompt0[4:]), 4, (0,), both, history=tuple(prompt0[:4]), prompt_len=9),
+        SeqSlice("pre", tuple(prompt0[4:]), 4, (0,), both, history=History(prompt0, [], 4)),
         SeqSlice("off", (1, 2, 3), 0, (0,), SamplingParams(temperature=0.0)),  # not penalized: untouched
         # a decode slice: its token is the newest output
-        SeqSlice("dec", (out0[-1],), 16, (0,), both, history=tuple(prompt0 + out0[:-1]), prompt_len=9),
+        SeqSlice("dec", (out0[-1],), 16, (0,), both, history=History(prompt0, out0, 16)),
         # a placeholder: its token is the previous step's row 1 (11)
         SeqSlice("ph", (PLACEHOLDER,), 17, (0,), SamplingParams(frequency_penalty=-1.5), True, (), 0, 1,
-                 tuple(prompt0 + out0), 9),
-        SeqSlice("rep", (4,), 3, (0,), SamplingParams(repetition_penalty=0.5), history=(4, 5, 6), prompt_len=2),
+                 History(prompt0, out0, 17)),
+        SeqSlice("rep", (4,), 3, (0,), SamplingParams(repetition_penalty=0.5), history=History([4, 5], [6, 4], 3)),
     ]
-    got = penalize(logits, slices, prev_tokens)
+    got = process(logits, slices, prev_tokens)
     want = [
         _reference(logits[0], prompt0, [], both),
         logits[1].double(),
@@ -61,9 +61,40 @@ def test_penalize_counts_history_own_tokens_and_placeholders() -> None:
     ]
     for r, w in enumerate(want):
         assert torch.allclose(got[r].double(), w, atol=1e-5), r
-    assert torch.equal(penalize(logits, [slices[1]]), logits)  # nothing penalized: the same tensor
+    alone = logits[1:2]
+    assert process(alone, [slices[1]]) is alone  # nothing biased or penalized: the same tensor
     with pytest.raises(ValueError, match="placeholder"):
-        penalize(logits[3:4], [slices[3]], None)
+        process(logits[3:4], [slices[3]], None)
+
+
+def test_counts_kept_between_steps_equal_counting_afresh() -> None:
+    """The runner's PenaltyCounts (2 rows for 3 requests: rows are taken back least recently used
+    first, and a request whose row went is counted again from its history) give every step the
+    logits a count from scratch gives, through a prefill split in two chunks and decode steps."""
+    g = torch.Generator().manual_seed(2)
+    p = SamplingParams(presence_penalty=0.4, frequency_penalty=0.9, repetition_penalty=1.3)
+    prompts = {rid: [int(t) for t in torch.randint(0, 20, (6,), generator=g)] for rid in "abc"}
+    outs: dict[str, list[int]] = {rid: [] for rid in "abc"}
+    kept = PenaltyCounts(20, "cpu", slots=2)
+    plan = [("a", "b"), ("a", "c"), ("b", "c"), ("a", "b"), ("c", "a*"), ("a", "c")]  # a*: a recomputed
+    for step in plan:
+        slices = []
+        for rid in step:
+            rid, recompute = rid[0], rid.endswith("*")
+            seq, out = prompts[rid], outs[rid]
+            if recompute:  # after a preemption: again from position 3 (blocks before it in the prefix cache)
+                slices.append(SeqSlice(rid, tuple(seq + out)[3:], 3, (0,), p, history=History(seq, out, 3)))
+            elif not out:  # the prompt's second chunk (the first, positions 0-2, sampled nothing)
+                slices.append(SeqSlice(rid, tuple(seq[3:]), 3, (0,), p, history=History(seq, out, 3)))
+            else:
+                start = len(seq) + len(out) - 1
+                slices.append(SeqSlice(rid, (out[-1],), start, (0,), p, history=History(seq, out, start)))
+        logits = torch.randn(len(slices), 20, generator=g)
+        got = process(logits, slices, None, kept)
+        assert torch.allclose(got, process(logits, slices)), step
+        for rid, row in zip(step, got):
+            outs[rid[0]].append(int(row.argmax()))
+    assert kept._where.keys() == {"a", "c"}
 
 
 def test_greedy_repetition_penalty_equals_transformers(tiny_model) -> None:  # noqa: F811 (fixture)
