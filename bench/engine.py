@@ -92,7 +92,8 @@ def weight_bytes(runner: ModelRunner) -> int:
     return total
 
 
-SECTIONS = ("decode", "loop", "prefill", "hf", "overhead", "tracing")
+SECTIONS = ("decode", "loop", "prefill", "hf", "overhead", "tracing")  # the default run
+OPTIONAL = ("extras",)  # on request: --sections extras
 LOOP_STEPS = 64
 
 
@@ -114,6 +115,8 @@ def bench_model(name: str, copy_gbps: float, mm_tflops: float, sections: tuple[s
     if "overhead" in sections:
         t = timed(run(decode_step(256, 1024, spec.vocab_size)), iters=10)
         out["step_cpu_overhead_ratio_bs256"] = cpu_overhead(runner, spec, t)
+    if "extras" in sections:
+        out.update(extras_loop_figures(runner, spec))
     if "tracing" in sections:
         out["tracing_bs32"] = tracing_cost(runner, batch=32, ctx=1024, steps=40)
     if "prefill" in sections:
@@ -153,13 +156,14 @@ def decode_figures(runner: ModelRunner, spec: ModelSpec, wbytes: int, kv_tok: in
 
 
 def loop_decode(runner: ModelRunner, spec: ModelSpec, batch: int, ctx: int, overlap: bool,
-                temperature: float = 0.0, top_p: float = 1.0) -> float:
+                temperature: float = 0.0, top_p: float = 1.0, **extra) -> float:
     """Decode tok/s of the whole engine loop (scheduler, staging, sampling, token events) on
     `batch` running sequences of `ctx` cached tokens: batch over the median gap between one
-    request's tokens, LOOP_STEPS steps, the first 8 left out. Greedy unless temperature > 0."""
+    request's tokens, LOOP_STEPS steps, the first 8 left out. Greedy unless temperature > 0;
+    `extra`: more SamplingParams fields (logprobs, penalties)."""
     sched = Scheduler(SchedulerConfig(max_num_seqs=256, max_model_len=ctx + LOOP_STEPS + BS,
                                       enable_prefix_caching=False), BlockManager(runner.num_blocks, BS))
-    params = SamplingParams(temperature=temperature, top_p=top_p, max_tokens=LOOP_STEPS, ignore_eos=True)
+    params = SamplingParams(temperature=temperature, top_p=top_p, max_tokens=LOOP_STEPS, ignore_eos=True, **extra)
     stamps: list[float] = []
     ended = []
     loop = EngineLoop(sched, runner, overlap=overlap)
@@ -215,6 +219,18 @@ def sampled_loop_figures(runner: ModelRunner, spec: ModelSpec) -> dict:
     finally:
         sampler.KERNEL_SAMPLING = True
     return res
+
+
+def extras_loop_figures(runner: ModelRunner, spec: ModelSpec) -> dict:
+    """What logprobs and penalties cost: engine-loop greedy decode at 1k context, batch 1 and
+    256, overlap on, plain beside every row asking 5 logprobs, and every row penalized
+    (frequency 0.5, repetition 1.1: counts on the device, each history read on the first step)."""
+    def by_batch(**extra) -> dict:
+        return {str(b): loop_decode(runner, spec, b, 1024, True, **extra) for b in (1, 256)}
+
+    return {"decode_loop_greedy_tok_s_by_batch": by_batch(),
+            "decode_loop_logprobs5_tok_s_by_batch": by_batch(logprobs=5),
+            "decode_loop_penalized_tok_s_by_batch": by_batch(frequency_penalty=0.5, repetition_penalty=1.1)}
 
 
 def prefill_figures(runner: ModelRunner, spec: ModelSpec, wbytes: int, mm_tflops: float) -> dict:
@@ -301,11 +317,11 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--models", default="llama-3.1-8b,qwen2.5-7b")
     p.add_argument("--commit", default="", help="recorded in the JSON (default: pdserve.bench.provenance)")
-    p.add_argument("--sections", default=",".join(SECTIONS), help=f"subset of {','.join(SECTIONS)}")
+    p.add_argument("--sections", default=",".join(SECTIONS), help=f"subset of {','.join(SECTIONS + OPTIONAL)}")
     a = p.parse_args()
     sections = tuple(a.sections.split(","))
-    if unknown := set(sections) - set(SECTIONS):
-        p.error(f"--sections: unknown {sorted(unknown)}; choose from {SECTIONS}")
+    if unknown := set(sections) - set(SECTIONS + OPTIONAL):
+        p.error(f"--sections: unknown {sorted(unknown)}; choose from {SECTIONS + OPTIONAL}")
     torch.manual_seed(0)
     commit = a.commit or source_commit()
     res = {"gpu": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
