@@ -53,17 +53,23 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def _stream(address: str, **kw: object) -> None:
+    """Print the text as it comes, then the finish; with logprobs, a line per token after it."""
     from pdserve.client import Client, build_request
 
+    entries = []
     with Client(address) as client:
         for msg in client.stream(build_request(**kw)):
             if msg.HasField("chunk"):
                 print(msg.chunk.text, end="", flush=True)
+                entries.extend(zip(msg.chunk.token_ids, msg.chunk.logprobs))
             else:
                 c = msg.complete
                 reason = {1: "stop", 2: "length", 3: "abort"}.get(c.finish_reason, "?")
                 print(f"\n[finish={reason} prompt_tokens={c.usage.prompt_tokens} "
                       f"completion_tokens={c.usage.completion_tokens}]")
+    for token, lp in entries:
+        top = " ".join(f"{t}:{v:.3f}" for t, v in zip(lp.top_token_ids, lp.top_logprobs))
+        print(f"{token}\t{lp.logprob:.4f}" + (f"\t{top}" if top else ""))
 
 
 def _generate(argv: list[str]) -> None:
@@ -77,8 +83,17 @@ def _generate(argv: list[str]) -> None:
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=[])
+    p.add_argument("--min-p", type=float, default=None)
+    p.add_argument("--presence-penalty", type=float, default=None)
+    p.add_argument("--frequency-penalty", type=float, default=None)
+    p.add_argument("--repetition-penalty", type=float, default=None)
+    p.add_argument("--logprobs", type=int, default=None, metavar="N",
+                   help="after the text, each token's id and logprob and its N most likely alternatives")
     a = p.parse_args(argv)
-    kw = {k: v for k, v in dict(top_p=a.top_p, top_k=a.top_k, seed=a.seed).items() if v is not None}
+    optional = dict(top_p=a.top_p, top_k=a.top_k, seed=a.seed, min_p=a.min_p, presence_penalty=a.presence_penalty,
+                    frequency_penalty=a.frequency_penalty, repetition_penalty=a.repetition_penalty,
+                    logprobs=a.logprobs)
+    kw = {k: v for k, v in optional.items() if v is not None}
     prompt = {"messages": [("user", a.prompt)]} if a.chat else {"text": a.prompt}
     import grpc
 

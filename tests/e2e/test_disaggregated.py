@@ -214,3 +214,20 @@ def test_penalties_equal_single_process_engine(client, offline_runner, penalties
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, **penalties)
     assert got == generate(offline_runner, [prompt], params)[0]
     assert got != offline(offline_runner, prompt, 24)
+
+
+def test_cli_generate_prints_logprobs_and_takes_penalties(stack, capsys):
+    """`pdserve generate --logprobs 2` prints a line per token (id, logprob, two alternatives, the
+    first the token itself under greedy: logprobs are the raw model's, so not with a penalty on);
+    a penalty reaches the gateway, which refuses a bad one naming the field."""
+    from pdserve.cli import main
+
+    main(["generate", "--address", stack.gateway, "--max-tokens", "4", "--logprobs", "2", "The capital of France is"])
+    lines = capsys.readouterr().out.splitlines()
+    rows = [line.split("\t") for line in lines[-4:]]
+    assert "[finish=length" in lines[-5] and all(len(r) == 3 for r in rows)
+    for token, logprob, top in rows:
+        alternatives = [t.split(":") for t in top.split(" ")]
+        assert len(alternatives) == 2 and alternatives[0][0] == token and float(logprob) <= 0
+    with pytest.raises(SystemExit, match="INVALID_ARGUMENT: presence_penalty"):
+        main(["generate", "--address", stack.gateway, "--presence-penalty", "5", "hi"])
