@@ -71,7 +71,7 @@ class TextAssembler:
         self.generated, self.finish, self.matched = 0, "abort", None
 
     def feed(self, ids: list[int], why: str | None,
-             logprobs: flow.Logprobs = ()) -> tuple[gateway_pb2.GenerateResponse, bool]:
+             logprobs: flow.Logprobs | None = None) -> tuple[gateway_pb2.GenerateResponse, bool]:
         """The chunk message for ids (why: the worker's finish reason or None; logprobs: one
         per id, or none) and whether it ends the stream."""
         self.generated += len(ids)
@@ -88,7 +88,7 @@ class TextAssembler:
         chunk = resp.chunk
         chunk.token_ids.extend(ids)
         chunk.text = text
-        for lp in logprobs:
+        for lp in logprobs or ():
             out = chunk.logprobs.add()
             out.logprob = lp.logprob
             out.top_token_ids.extend(lp.top_token_ids)

@@ -77,8 +77,10 @@ class SamplingParams:
         if not math.isfinite(self.min_p) or not 0.0 <= self.min_p <= 1.0:
             raise ValidationError("min_p", f"must be in [0, 1], got {self.min_p}")
         for token, bias in self.logit_bias:
-            if token < 0 or (vocab_size is not None and token >= vocab_size):
-                raise ValidationError("logit_bias", f"token id {token} is outside the vocabulary [0, {vocab_size or 'V'})")
+            if token < 0:
+                raise ValidationError("logit_bias", f"token id {token} must be >= 0")
+            if vocab_size is not None and token >= vocab_size:
+                raise ValidationError("logit_bias", f"token id {token} is outside the vocabulary [0, {vocab_size})")
             if not math.isfinite(bias) or not -100.0 <= bias <= 100.0:
                 raise ValidationError("logit_bias", f"the bias of token {token} must be in [-100, 100], got {bias}")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:

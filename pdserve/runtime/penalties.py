@@ -123,7 +123,8 @@ def process(logits: torch.Tensor, slices: Sequence[SeqSlice], prev_tokens: torch
     if not rows:
         return logits
     penalized = [slices[b] for b in rows]
-    counts = counts or PenaltyCounts(logits.shape[1], logits.device, len(rows))
+    if counts is None:
+        counts = PenaltyCounts(logits.shape[1], logits.device, len(rows))
     generated, in_prompt = counts.gather(penalized, prev_tokens)
     dev = logits.device
     rep, freq, pres = (to_device([getattr(s.sampling, f) for s in penalized], dev, torch.float32)[:, None]
