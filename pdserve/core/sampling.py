@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 
 MAX_LOGPROBS = 20  # most alternatives a token's logprobs may list (vLLM's default cap, OpenAI chat's)
+MAX_LOGIT_BIAS = 1024  # most biased tokens per request (each step uploads them again)
 
 
 class ValidationError(ValueError):
@@ -76,6 +77,8 @@ class SamplingParams:
             raise ValidationError("repetition_penalty", f"must be a finite number > 0, got {self.repetition_penalty}")
         if not math.isfinite(self.min_p) or not 0.0 <= self.min_p <= 1.0:
             raise ValidationError("min_p", f"must be in [0, 1], got {self.min_p}")
+        if len(self.logit_bias) > MAX_LOGIT_BIAS:
+            raise ValidationError("logit_bias", f"at most {MAX_LOGIT_BIAS} tokens, got {len(self.logit_bias)}")
         for token, bias in self.logit_bias:
             if token < 0:
                 raise ValidationError("logit_bias", f"token id {token} must be >= 0")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pdserve.core.sampling import MAX_LOGPROBS, SamplingParams, ValidationError
+from pdserve.core.sampling import MAX_LOGIT_BIAS, MAX_LOGPROBS, SamplingParams, ValidationError
 
 
 @pytest.mark.parametrize("field,bad", [
@@ -13,6 +13,7 @@ from pdserve.core.sampling import MAX_LOGPROBS, SamplingParams, ValidationError
     ("frequency_penalty", float("inf")), ("repetition_penalty", 0.0), ("repetition_penalty", -1.0),
     ("repetition_penalty", float("nan")), ("min_p", -0.1), ("min_p", 1.5), ("logit_bias", ((5, 101.0),)),
     ("logit_bias", ((-1, 1.0),)), ("logit_bias", ((3, float("nan")),)),
+    ("logit_bias", tuple((t, 1.0) for t in range(MAX_LOGIT_BIAS + 1))),
 ])
 def test_bad_values_name_their_field(field: str, bad: float) -> None:
     with pytest.raises(ValidationError) as info:
