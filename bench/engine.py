@@ -224,13 +224,23 @@ def sampled_loop_figures(runner: ModelRunner, spec: ModelSpec) -> dict:
 def extras_loop_figures(runner: ModelRunner, spec: ModelSpec) -> dict:
     """What logprobs and penalties cost: engine-loop greedy decode at 1k context, batch 1 and
     256, overlap on, plain beside every row asking 5 logprobs, and every row penalized
-    (frequency 0.5, repetition 1.1: counts on the device, each history read on the first step)."""
+    (frequency 0.5, repetition 1.1: counts on the device, each history read on the first step),
+    with the Triton penalties kernel and with its torch twin (penalties.KERNEL_PENALTIES off)."""
+    from pdserve.runtime import penalties
+
     def by_batch(**extra) -> dict:
         return {str(b): loop_decode(runner, spec, b, 1024, True, **extra) for b in (1, 256)}
 
-    return {"decode_loop_greedy_tok_s_by_batch": by_batch(),
-            "decode_loop_logprobs5_tok_s_by_batch": by_batch(logprobs=5),
-            "decode_loop_penalized_tok_s_by_batch": by_batch(frequency_penalty=0.5, repetition_penalty=1.1)}
+    pen = dict(frequency_penalty=0.5, repetition_penalty=1.1)
+    res = {"decode_loop_greedy_tok_s_by_batch": by_batch(),
+           "decode_loop_logprobs5_tok_s_by_batch": by_batch(logprobs=5),
+           "decode_loop_penalized_tok_s_by_batch": by_batch(**pen)}
+    penalties.KERNEL_PENALTIES = False
+    try:
+        res["decode_loop_penalized_torch_tok_s_by_batch"] = by_batch(**pen)
+    finally:
+        penalties.KERNEL_PENALTIES = True
+    return res
 
 
 def prefill_figures(runner: ModelRunner, spec: ModelSpec, wbytes: int, mm_tflops: float) -> dict:

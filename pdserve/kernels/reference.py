@@ -289,3 +289,19 @@ def top_p_probs(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Te
     kept = (above < top_p.double()[:, None]) | (top_p[:, None] >= 1.0)
     probs = probs * kept
     return probs / probs.sum(dim=-1, keepdim=True)
+
+
+def apply_penalties(
+    logits: torch.Tensor, out: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor, counts: torch.Tensor,
+    in_prompt: torch.Tensor, rep: torch.Tensor, freq: torch.Tensor, pres: torch.Tensor,
+) -> None:
+    """out[rows[i]] = logits[rows[i]] with request slots[i]'s penalties (its counts [slots, V] of
+    generated tokens, its in-prompt mask [slots, V] uint8; rep/freq/pres [R] float32): a token
+    generated or in the prompt has its logit divided by rep if positive, else multiplied by it;
+    then freq * count + pres * [count > 0] is subtracted. Computed in float32."""
+    x = logits.index_select(0, rows).float()
+    n = counts.index_select(0, slots)
+    seen = in_prompt.index_select(0, slots).bool() | (n > 0)
+    x = torch.where(seen, torch.where(x > 0, x / rep[:, None], x * rep[:, None]), x)
+    x = x - freq[:, None] * n - pres[:, None] * (n > 0)
+    out.index_copy_(0, rows, x.to(out.dtype))

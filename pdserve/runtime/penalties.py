@@ -16,34 +16,51 @@ preemption, or its row given to another), is counted again from its slice's `his
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 from pdserve.core.step_io import SeqSlice
+from pdserve.kernels import reference
 from pdserve.runtime.sampler import to_device
+
+# On CUDA the penalties are applied by one Triton pass (pdserve.kernels.penalties) rather than
+# reference.apply_penalties' torch passes.
+KERNEL_PENALTIES = True
 
 
 class PenaltyCounts:
-    """Per-request token counts on the device: how often each token was generated, and whether
-    it is in the prompt, in `slots` rows (allocated on first use) reused least recently used first."""
+    """Per-request token counts on the device: how often each token was generated (`generated`,
+    float32) and whether it is in the prompt (`in_prompt`, uint8), in `slots` rows (allocated on
+    first use) reused least recently used first."""
 
     def __init__(self, vocab: int, device: str | torch.device, slots: int) -> None:
         self.vocab, self.device, self.slots = vocab, torch.device(device), slots
         self._counts: torch.Tensor | None = None  # [slots, V] float32
-        self._prompt: torch.Tensor | None = None  # [slots, V] bool
+        self._prompt: torch.Tensor | None = None  # [slots, V] uint8
         self._where: OrderedDict[str, tuple[int, int]] = OrderedDict()  # request -> (row, positions counted)
         self._free = list(range(slots - 1, -1, -1))
 
-    def gather(self, slices: Sequence[SeqSlice], prev_tokens: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(counts [R, V], in-prompt mask [R, V]) of the slices, every token before each one's
+    @property
+    def generated(self) -> torch.Tensor:
+        assert self._counts is not None, "count() first"
+        return self._counts
+
+    @property
+    def in_prompt(self) -> torch.Tensor:
+        assert self._prompt is not None, "count() first"
+        return self._prompt
+
+    def count(self, slices: Sequence[SeqSlice], prev_tokens: torch.Tensor | None) -> torch.Tensor:
+        """The rows (on the device) holding the slices' counts, every token before each one's
         sampled position counted (slices are penalized, at most `slots`, each request once)."""
         if len(slices) > self.slots:
             raise ValueError(f"{len(slices)} penalized slices in one step, room for {self.slots}")
         if self._counts is None:
             self._counts = torch.zeros((self.slots, self.vocab), dtype=torch.float32, device=self.device)
-            self._prompt = torch.zeros((self.slots, self.vocab), dtype=torch.bool, device=self.device)
+            self._prompt = torch.zeros((self.slots, self.vocab), dtype=torch.uint8, device=self.device)
         in_step = {s.request_id for s in slices}
         rows, reset = [], []
         prompt: tuple[list[int], list[int]] = ([], [])  # (row, token)
@@ -72,8 +89,7 @@ class PenaltyCounts:
             self._where[s.request_id] = (row, s.end_pos)
             rows.append(row)
         self._add(reset, prompt, output, placeholders, prev_tokens)
-        index = to_device(rows, self.device)
-        return self._counts[index], self._prompt[index]  # type: ignore[index]
+        return to_device(rows, self.device)
 
     def _take(self, in_step: set[str]) -> int:
         """A free row, else the row of the least recently seen request outside this step."""
@@ -90,7 +106,7 @@ class PenaltyCounts:
         if reset:
             index = to_device(reset, dev)
             counts.index_fill_(0, index, 0.0)
-            in_prompt.index_fill_(0, index, False)
+            in_prompt.index_fill_(0, index, 0)
         one = torch.ones((), dtype=torch.float32, device=dev)
         if output[0]:
             counts.index_put_((to_device(output[0], dev), to_device(output[1], dev)), one, accumulate=True)
@@ -101,7 +117,7 @@ class PenaltyCounts:
             counts.index_put_((to_device(placeholders[0], dev), last), one, accumulate=True)
         if prompt[0]:
             in_prompt.index_put_((to_device(prompt[0], dev), to_device(prompt[1], dev)),
-                                 torch.ones((), dtype=torch.bool, device=dev))
+                                 torch.ones((), dtype=torch.uint8, device=dev))
 
 
 def process(logits: torch.Tensor, slices: Sequence[SeqSlice], prev_tokens: torch.Tensor | None = None,
@@ -125,14 +141,24 @@ def process(logits: torch.Tensor, slices: Sequence[SeqSlice], prev_tokens: torch
     penalized = [slices[b] for b in rows]
     if counts is None:
         counts = PenaltyCounts(logits.shape[1], logits.device, len(rows))
-    generated, in_prompt = counts.gather(penalized, prev_tokens)
+    slots = counts.count(penalized, prev_tokens)
     dev = logits.device
-    rep, freq, pres = (to_device([getattr(s.sampling, f) for s in penalized], dev, torch.float32)[:, None]
+    rep, freq, pres = (to_device([getattr(s.sampling, f) for s in penalized], dev, torch.float32)
                        for f in ("repetition_penalty", "frequency_penalty", "presence_penalty"))
-    index = to_device(rows, dev)
-    x = logits.index_select(0, index).float()
-    x = torch.where(in_prompt | (generated > 0), torch.where(x > 0, x / rep, x * rep), x)
-    x = x - freq * generated - pres * (generated > 0)
     out = logits.clone()
-    out.index_copy_(0, index, x.to(logits.dtype))
+    _apply(dev)(logits, out, to_device(rows, dev), slots, counts.generated, counts.in_prompt, rep, freq, pres)
     return out
+
+
+def _apply(device: torch.device) -> Callable[..., None]:
+    """apply_penalties for this device: the Triton kernel on CUDA (unless KERNEL_PENALTIES is
+    off), else the reference."""
+    return _triton_apply() if device.type == "cuda" and KERNEL_PENALTIES else reference.apply_penalties
+
+
+@functools.lru_cache(maxsize=None)
+def _triton_apply() -> Callable[..., None]:
+    """pdserve.kernels.penalties.apply_penalties, imported on first use (Triton: CUDA only)."""
+    from pdserve.kernels.penalties import apply_penalties
+
+    return apply_penalties

@@ -19,6 +19,7 @@ assert os.environ.get("TRITON_INTERPRET", "0") != "1", "run with TRITON_INTERPRE
 from pdserve.kernels.decode_attention import _decode_kernel, _merge_kernel  # noqa: E402
 from pdserve.kernels.gemv import _gemv_kernel  # noqa: E402
 from pdserve.kernels.nucleus import _nucleus_kernel  # noqa: E402
+from pdserve.kernels.penalties import _penalties_kernel  # noqa: E402
 from pdserve.kernels.prefill_attention import _prefill_kernel  # noqa: E402
 from pdserve.kernels.rms_norm import _rms_norm_kernel  # noqa: E402
 from pdserve.kernels.copy_blocks import _copy_blocks_kernel  # noqa: E402
@@ -120,6 +121,9 @@ def elementwise(dt: str) -> None:
     compile_kernel(_chunk_kernel, {**draw_ptrs, "best_ptr": "*fp32", "arg_ptr": "*i32"}, {"BLOCK": 1024})
     compile_kernel(_pick_kernel, {"best_ptr": "*fp32", "arg_ptr": "*i32", "out_ptr": "*i64"}, {"C_PAD": 128},
                    num_warps=1)
+    compile_kernel(_penalties_kernel, {"x_ptr": f"*{dt}", "out_ptr": f"*{dt}", "rows_ptr": "*i64", "slots_ptr": "*i64",
+                                       "counts_ptr": "*fp32", "prompt_ptr": "*u8", "rep_ptr": "*fp32",
+                                       "freq_ptr": "*fp32", "pres_ptr": "*fp32"}, {"BLOCK": 2048})
     compile_kernel(_copy_blocks_kernel, {p: "*i32" for p in ("src_ptr", "dst_ptr", "src_ids_ptr", "dst_ids_ptr")},
                    {"BLOCK": 2048})
     for cache_dt, qmax, is_int in ((dt, 1.0, False), ("fp8e4nv", 448.0, False), ("i8", 127.0, True)):
