@@ -124,6 +124,7 @@ class OpenAIServer:
             try:
                 body = await _json_body(request)
                 prompts = [schema.chat_request(body)] if chat else schema.completion_requests(body)
+                echoed = schema.echo(body, chat)
                 reqs = schema.samples(body, prompts)
                 limit = self.generation.admission.max_queued
                 if limit is not None and len(reqs) > limit:  # they could never all be admitted: not a 429
@@ -145,10 +146,17 @@ class OpenAIServer:
             except GatewayError as e:
                 return error_response(e)
             reply = Reply(("chatcmpl-" if chat else "cmpl-") + rid, self.generation.model.name, chat,
-                          per_prompt=len(reqs) // len(prompts), logprobs=self._logprobs(chat, reqs))
+                          per_prompt=len(reqs) // len(prompts), logprobs=self._logprobs(chat, reqs),
+                          echo=[self._prompt_text(r) for r in reqs] if echoed else None)
             if stream:
                 return await reply.stream(request, firsts, streams, include_usage)
             return await reply.whole(firsts, streams)
+
+    def _prompt_text(self, req: gateway_pb2.GenerateRequest) -> str:
+        """A completion prompt's text, for echo (token ids decoded)."""
+        if req.WhichOneof("input") == "text":
+            return req.text
+        return self.generation.tokenizer.decode(list(req.token_ids.ids))
 
     def _logprobs(self, chat: bool, reqs: list[gateway_pb2.GenerateRequest]) -> list[schema.ChoiceLogprobs | None]:
         """Each choice's logprobs builder, None where the request did not ask for logprobs."""
@@ -191,9 +199,10 @@ class Reply:
     of the gateway chunk it comes from (sent even when their text is held back)."""
 
     def __init__(self, oid: str, model: str, chat: bool, logprobs: list[schema.ChoiceLogprobs | None],
-                 per_prompt: int = 1) -> None:
+                 per_prompt: int = 1, echo: list[str] | None = None) -> None:
         self.oid, self.model, self.chat, self.per_prompt = oid, model, chat, per_prompt
         self.logprobs = logprobs
+        self.echo = echo  # each choice's prompt text, which its text starts with (completions' echo)
         self.kind = "chat.completion" if chat else "text_completion"
 
     def usage(self, done: list[gateway_pb2.Complete]) -> dict:
@@ -209,7 +218,7 @@ class Reply:
 
     async def whole(self, firsts: list[gateway_pb2.GenerateResponse],
                     rests: list[AsyncIterator[gateway_pb2.GenerateResponse]]) -> web.Response:
-        texts: list[list[str]] = [[] for _ in firsts]
+        texts: list[list[str]] = [[self.echo[i]] if self.echo else [] for i in range(len(firsts))]
         logprobs = [lp.empty() if lp is not None else None for lp in self.logprobs]
         done: dict[int, gateway_pb2.Complete] = {}
         try:
@@ -242,6 +251,8 @@ class Reply:
         if self.chat:
             for i in range(len(firsts)):
                 await resp.write(sse(chunk(i, "", None, first=True)))
+        for i, text in enumerate(self.echo or ()):
+            await resp.write(sse(chunk(i, text, None)))
         done: dict[int, gateway_pb2.Complete] = {}
         try:
             async with contextlib.aclosing(_merged(firsts, rests)) as merged:

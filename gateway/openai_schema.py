@@ -36,7 +36,6 @@ NUMBERS = {"temperature": float, "top_p": float, "top_k": int, "seed": int, "max
 # or a penalty must not get plain sampling that looks like success.
 UNSUPPORTED: dict[str, tuple] = {
     "best_of": (1,), "prompt_logprobs": (0,),
-    "echo": (False,),  # with logprobs it would need the prompt's too, which no worker computes
     "suffix": ("",), "tools": ([],), "functions": ([],),
     "tool_choice": ("none", "auto"), "function_call": ("none", "auto"),
     "response_format": ({"type": "text"},), "guided_json": (), "guided_regex": (), "guided_choice": (),
@@ -55,6 +54,21 @@ def _number(body: dict, name: str, kind: type) -> int | float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
         raise bad(name, f"must be {'an integer' if kind is int else 'a number'}, got {value!r}")
     return kind(value)
+
+
+def echo(body: dict, chat: bool) -> bool:
+    """/v1/completions' `echo`: the answer's text starts with the prompt's. Not with logprobs
+    (they would need the prompt's, which no worker computes) and not on chat."""
+    value = body.get("echo")
+    if value is None or value is False:
+        return False
+    if chat:
+        raise bad("echo", "is not supported on /v1/chat/completions")
+    if not isinstance(value, bool):
+        raise bad("echo", f"must be a boolean, got {value!r:.40}")
+    if body.get("logprobs") is not None:
+        raise bad("echo", "with logprobs needs the prompt's logprobs, which this server does not compute")
+    return True
 
 
 def sampling(body: dict, chat: bool) -> gateway_pb2.SamplingParams:

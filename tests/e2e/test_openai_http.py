@@ -126,6 +126,22 @@ def test_logit_bias_forces_a_token_and_min_p_one_is_greedy(http, client):
     assert hot == greedy
 
 
+def test_echo_prepends_the_prompt_whole_and_streamed(client, default_model_dir):
+    kw = dict(model="", max_tokens=5, temperature=0, extra_body={"ignore_eos": True})
+    plain = client.completions.create(prompt="The sky is", **kw).choices[0].text
+    whole = client.completions.create(prompt="The sky is", echo=True, **kw)
+    assert whole.choices[0].text == "The sky is" + plain and whole.usage.completion_tokens == 5
+    streamed = client.completions.create(prompt="The sky is", echo=True, stream=True, **kw)
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == "The sky is" + plain
+    from gateway.tokenizer import load_tokenizer
+
+    ids = load_tokenizer(default_model_dir)("The sky is")["input_ids"]
+    assert client.completions.create(prompt=ids, echo=True, **kw).choices[0].text == "The sky is" + plain
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(prompt="The sky is", echo=True, logprobs=1, **kw)
+    assert err.value.body["param"] == "echo"
+
+
 def _greedy_and_aligned(tokens: list[str], logprobs: list[float], tops: list[dict[str, float]], width: int) -> None:
     """Greedy picks each token as the most likely one: its logprob is its top-1's, and <= 0."""
     assert len(tokens) == len(logprobs) == len(tops) and all(len(top) == width for top in tops)

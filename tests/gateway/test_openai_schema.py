@@ -11,7 +11,7 @@ from gateway.errors import GatewayError
 from gateway.generation import UNKNOWN_MODEL
 from gateway.openai_http import error_body
 from gateway.openai_schema import (MAX_CHOICES, ChoiceLogprobs, TokenText, bad, chat_request, completion_requests,
-                                   merge_logprobs, samples)
+                                   echo, merge_logprobs, samples)
 from gateway.tokenizer import load_tokenizer
 from pdserve.proto import gateway_pb2
 
@@ -22,7 +22,7 @@ CHAT = {"model": "", "messages": [{"role": "user", "content": "Hi"}]}
     ("response_format", {"type": "json_object"}), ("response_format", {"type": "json_schema", "json_schema": {}}),
     ("prompt_logprobs", 1),
     ("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "required"),
-    ("guided_json", {"type": "object"}), ("guided_choice", ["a", "b"]), ("echo", True), ("best_of", 2),
+    ("guided_json", {"type": "object"}), ("guided_choice", ["a", "b"]), ("best_of", 2),
 ])
 def test_unsupported_values_are_refused_by_name(name, value):
     for build, body in ((chat_request, CHAT), (completion_requests, {"model": "", "prompt": "Hi"})):
@@ -41,6 +41,14 @@ def test_values_that_ask_for_nothing_are_accepted(name, value):
     req = chat_request({**CHAT, name: value, "max_tokens": 7, "temperature": 0.5})
     assert req.sampling.max_tokens == 7 and req.sampling.temperature == 0.5
     assert req.chat.messages[0].content == "Hi"
+
+
+def test_echo_only_on_completions_and_not_with_logprobs():
+    assert echo({"echo": True}, chat=False) and not echo({"echo": False}, chat=False) and not echo({}, chat=True)
+    for body, chat in (({"echo": True}, True), ({"echo": "yes"}, False), ({"echo": True, "logprobs": 0}, False)):
+        with pytest.raises(GatewayError) as err:
+            echo(body, chat)
+        assert err.value.field == "echo"
 
 
 def test_penalties_min_p_and_logit_bias_reach_the_sampling_params():
@@ -145,7 +153,6 @@ def test_chat_logprobs_are_a_flag_with_top_logprobs_alternatives(extra, asked):
     (True, {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     (True, {"logprobs": True, "top_logprobs": -1}, "top_logprobs"),
     (True, {"logprobs": True, "top_logprobs": True}, "top_logprobs"),
-    (False, {"logprobs": 1, "echo": True}, "echo"), (True, {"logprobs": True, "echo": True}, "echo"),
 ])
 def test_bad_logprobs_are_400_naming_the_parameter(chat, extra, field):
     with pytest.raises(GatewayError) as err:
