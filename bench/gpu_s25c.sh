@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Session 25, the Triton penalties kernel: its tests on the GPU, then the engine-loop cost of
-# logprobs and penalties with the kernel and with its torch twin (bench/engine.py extras).
+# Session 25: the GPU tests of logprobs and penalties (bench/gpu_s25.sh), then what logprobs and
+# penalties cost in the engine loop (Llama-3.1-8B shape, dummy weights, greedy at 1k context,
+# batch 1 and 256: plain, 5 logprobs, penalized with the Triton pass and with its torch twin).
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
-timeout 120 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_penalties_kernel.py \
-    tests/runtime/test_penalties.py 2>&1 | tail -2
+bash bench/gpu_s25.sh
 d=$(date -u +%F)
 g=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o -i -E "h100|h200" | tr A-Z a-z)
 timeout 300 python3 bench/engine.py --models llama-3.1-8b --sections extras --out "$OUT/engine-extras-$g-$d-s25c.json" \

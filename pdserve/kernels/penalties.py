@@ -41,7 +41,7 @@ def apply_penalties(
     in_prompt: torch.Tensor, rep: torch.Tensor, freq: torch.Tensor, pres: torch.Tensor,
 ) -> None:
     """out[rows[i]] = logits[rows[i]] penalized by the counts and mask of row slots[i] (see
-    reference.apply_penalties); out's other rows are left as they are."""
+    reference.apply_penalties); out's other rows are left as they are. out may be logits."""
     for name, t in (("logits", logits), ("out", out), ("counts", counts), ("in_prompt", in_prompt)):
         check_dim(name, t, 2)
         check_last_contiguous(name, t)

@@ -298,7 +298,7 @@ def apply_penalties(
     """out[rows[i]] = logits[rows[i]] with request slots[i]'s penalties (its counts [slots, V] of
     generated tokens, its in-prompt mask [slots, V] uint8; rep/freq/pres [R] float32): a token
     generated or in the prompt has its logit divided by rep if positive, else multiplied by it;
-    then freq * count + pres * [count > 0] is subtracted. Computed in float32."""
+    then freq * count + pres * [count > 0] is subtracted. Computed in float32; out may be logits."""
     x = logits.index_select(0, rows).float()
     n = counts.index_select(0, slots)
     seen = in_prompt.index_select(0, slots).bool() | (n > 0)

@@ -75,7 +75,7 @@ class PenaltyCounts:
                 row = self._take(in_step)
             if first == 0:
                 reset.append(row)
-            tokens = s.history.tokens()[first:] if first < s.start_pos else []
+            tokens = s.history.tokens() if first == 0 else []  # positions 0 .. start_pos - 1
             if s.prev_row >= 0:
                 placeholders[0].append(row)
                 placeholders[1].append(s.prev_row)
@@ -126,12 +126,12 @@ def process(logits: torch.Tensor, slices: Sequence[SeqSlice], prev_tokens: torch
     then its penalties applied: a new tensor, or `logits` itself when no slice has either.
     prev_tokens: the previous step's sampled tokens, which placeholder slices (prev_row >= 0)
     read; counts: the runner's, kept between steps (None: counted from scratch here)."""
+    dev, given = logits.device, logits
     rows = [b for b, s in enumerate(slices) if s.sampling.logit_bias]
     if rows:
         r = [b for b in rows for _ in slices[b].sampling.logit_bias]
         cols = [t for b in rows for t, _ in slices[b].sampling.logit_bias]
         biases = [v for b in rows for _, v in slices[b].sampling.logit_bias]
-        dev = logits.device
         logits = logits.clone()
         logits.index_put_((to_device(r, dev), to_device(cols, dev)), to_device(biases, dev, logits.dtype),
                           accumulate=True)
@@ -142,10 +142,9 @@ def process(logits: torch.Tensor, slices: Sequence[SeqSlice], prev_tokens: torch
     if counts is None:
         counts = PenaltyCounts(logits.shape[1], logits.device, len(rows))
     slots = counts.count(penalized, prev_tokens)
-    dev = logits.device
     rep, freq, pres = (to_device([getattr(s.sampling, f) for s in penalized], dev, torch.float32)
                        for f in ("repetition_penalty", "frequency_penalty", "presence_penalty"))
-    out = logits.clone()
+    out = logits.clone() if logits is given else logits  # a biased copy is ours: penalized in place
     _apply(dev)(logits, out, to_device(rows, dev), slots, counts.generated, counts.in_prompt, rep, freq, pres)
     return out
 

@@ -47,12 +47,12 @@ def verify_step(
     if not batched:
         return StepOutput(emitted=emitted)
     per_row = [(sl, sl.end_pos - n + 1 + i) for sl, _, n in batched for i in range(n)]
-    params = [sl.sampling for sl, _ in per_row]
+    params, batch = [sl.sampling for sl, _ in per_row], logits[rows]
     picked = sample_on_device(  # penalized slices have no drafts (draft_limit): one row each
-        process(logits[rows], [sl for sl, _ in per_row], None, counts), params, [pos for _, pos in per_row],
+        process(batch, [sl for sl, _ in per_row], None, counts), params, [pos for _, pos in per_row],
         [sl.suppress_token_ids for sl, _ in per_row], generator,
     )
-    queued = queue_logprobs(logits[rows], picked, params)  # rows without drafts only (draft_limit)
+    queued = queue_logprobs(batch, picked, params)  # rows without drafts only (draft_limit)
     tokens = picked.tolist()
     logprobs = {} if queued is None else {per_row[r][0].request_id: e for r, e in zip(queued.rows, queued.entries())}
     sampled: dict[str, int] = {}

@@ -28,6 +28,8 @@ def test_apply_penalties_matches_reference(dtype: torch.dtype, vocab: int) -> No
     reference.apply_penalties(logits, want, rows, slots, counts, in_prompt, rep, freq, pres)
     assert_close(got, want)
     assert torch.equal(got[1:3], logits[1:3]) and not torch.equal(got[0], logits[0])
+    apply_penalties(logits, logits, rows, slots, counts, in_prompt, rep, freq, pres)  # in place
+    assert torch.equal(logits, got)
 
 
 def test_apply_penalties_checks_its_arguments() -> None:

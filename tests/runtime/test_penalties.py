@@ -191,3 +191,20 @@ def test_logit_bias_moves_greedy_and_drawn_tokens() -> None:
     from pdserve.runtime.sampler import sample_tokens
     draws = sample_tokens(out[1:2].expand(200, -1), [slices[1].sampling] * 200, list(range(200)))
     assert set(draws) == {7}
+
+
+def test_bias_then_penalties_leave_the_input_alone() -> None:
+    """A row with a logit bias and penalties: the bias first, then the penalties on the biased
+    logits (penalized in the biased copy); the caller's logits are untouched."""
+    logits = torch.randn(2, 30, generator=torch.Generator().manual_seed(4))
+    kept = logits.clone()
+    pen = dict(presence_penalty=0.5, repetition_penalty=1.5)
+    both = SeqSlice("b", (3,), 2, (0,), SamplingParams(logit_bias=((3, 2.0), (9, -1.0)), **pen),
+                    history=History([3, 4], [], 2))
+    plain = SeqSlice("p", (5,), 0, (0,), SamplingParams(temperature=0.0))
+    got = process(logits, [both, plain])
+    biased = logits.clone()
+    biased[0, 3] += 2.0
+    biased[0, 9] -= 1.0
+    want = process(biased, [SeqSlice("b", (3,), 2, (0,), SamplingParams(**pen), history=History([3, 4], [], 2)), plain])
+    assert torch.equal(got, want) and torch.equal(logits, kept)
