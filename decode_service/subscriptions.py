@@ -23,6 +23,8 @@ def add_event(batch: worker_pb2.TokenBatch, ev: TokenEvent) -> bool:
         batch.token_ids.append(ev.token)
         if ev.logprobs is not None:
             logprobs_to_wire(ev.logprobs, batch.logprobs.add())
+        for lp in ev.prompt_logprobs or ():
+            logprobs_to_wire(lp, batch.prompt_logprobs.add())
     if ev.finish is None:
         return False
     batch.finish = FINISH_TO_WIRE[ev.finish]

@@ -1,7 +1,8 @@
 """The whole path of one request across the workers: reserve, prefill, decode, abort, retry.
 
 Yields lists of new token ids, the last one with the worker's finish reason, each with the
-tokens' logprobs when the request asked for them. Whatever ends
+tokens' logprobs when the request asked for them (and the first with the prompt's, when asked
+for). Whatever ends
 the generator early (client cancel, deadline, stop string, error) aborts the request on every
 worker it touched, so no block outlives it. UNAVAILABLE from a worker before any token was
 yielded is retried once on other workers; after a token, it reaches the caller. A full decode
@@ -16,7 +17,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 
@@ -45,7 +46,20 @@ class Job:
 
 
 Logprobs = list[worker_pb2.WorkerLogprobs]  # one per token id, or empty: not asked for
-Tokens = AsyncIterator[tuple[list[int], str | None, Logprobs]]
+
+
+@dataclass(frozen=True)
+class Batch:
+    """New token ids of a request; `finish` (the worker's reason) on the last batch.
+    `prompt_logprobs`: the first batch's, when the request asked for them."""
+
+    ids: list[int]
+    finish: str | None = None
+    logprobs: Logprobs = field(default_factory=list)
+    prompt_logprobs: Logprobs = field(default_factory=list)
+
+
+Tokens = AsyncIterator[Batch]
 Attempt = Callable[[Job, Router, Deadline, list[Worker]], Tokens]
 
 
@@ -82,7 +96,7 @@ async def _colocated(job: Job, router: Router, deadline: Deadline, tried: list[W
                 request_id=job.request_id, prompt_token_ids=job.prompt, sampling=job.sampling,
                 subscriber_id=subscriber), timeout=deadline.remaining(CONTROL_TIMEOUT_S))
         async for item in _tokens(worker, job.request_id, start, router, deadline):
-            done = item[1] is not None
+            done = item.finish is not None
             yield item
     finally:
         worker.inflight -= 1
@@ -104,19 +118,20 @@ async def _disaggregated(job: Job, router: Router, deadline: Deadline, tried: li
             target.lease_ms / 1000, deadline)
         finish = job.first_token_finishes(first.first_token)
         logprobs = [first.first_logprobs] if first.HasField("first_logprobs") else []
+        batch = Batch([first.first_token], finish, logprobs, list(first.prompt_logprobs))
         if finish is not None:
             await _abort(decode, rid)  # release the reservation: nothing to decode
             done = True
-            yield [first.first_token], finish, logprobs
+            yield batch
             return
-        yield [first.first_token], None, logprobs
+        yield batch
 
         def start(subscriber: str):
             return decode.stub.StartDecode(worker_pb2.DecodeRequest(
                 request_id=rid, prompt_token_ids=job.prompt, first_token=first.first_token,
                 sampling=job.sampling, subscriber_id=subscriber), timeout=deadline.remaining(CONTROL_TIMEOUT_S))
         async for item in _tokens(decode, rid, start, router, deadline):
-            done = item[1] is not None
+            done = item.finish is not None
             yield item
     finally:
         decode.inflight -= 1
@@ -130,7 +145,7 @@ async def _tokens(worker: Worker, rid: str, start, router: Router, deadline: Dea
     try:
         async for batch in worker.mux.stream(rid, start, deadline.remaining()):
             finish = WIRE_FINISH.get(batch.finish)
-            yield list(batch.token_ids), finish, list(batch.logprobs)
+            yield Batch(list(batch.token_ids), finish, list(batch.logprobs), list(batch.prompt_logprobs))
             if finish is not None:
                 return
     except grpc.aio.AioRpcError as e:

@@ -59,6 +59,7 @@ def sampling_from_request(s: gateway_pb2.SamplingParams) -> SamplingParams:
         logprobs=opt("logprobs", None), presence_penalty=opt("presence_penalty", 0.0),
         frequency_penalty=opt("frequency_penalty", 0.0), repetition_penalty=opt("repetition_penalty", 1.0),
         min_p=opt("min_p", 0.0), logit_bias=tuple(sorted(s.logit_bias.items())),
+        prompt_logprobs=opt("prompt_logprobs", None),
     )
 
 
@@ -67,13 +68,14 @@ class TextAssembler:
 
     def __init__(self, tokenizer, prompt: list[int], params: SamplingParams, table: ByteTable | None = None) -> None:
         self.detok = make_detokenizer(tokenizer, prompt, table)
+        self.prompt = prompt if params.prompt_logprobs is not None else None  # sent once, first chunk
         self.stops = StopChecker(params.stop)
         self.generated, self.finish, self.matched = 0, "abort", None
 
-    def feed(self, ids: list[int], why: str | None,
-             logprobs: flow.Logprobs | None = None) -> tuple[gateway_pb2.GenerateResponse, bool]:
+    def feed(self, ids: list[int], why: str | None, logprobs: flow.Logprobs | None = None,
+             prompt_logprobs: flow.Logprobs | None = None) -> tuple[gateway_pb2.GenerateResponse, bool]:
         """The chunk message for ids (why: the worker's finish reason or None; logprobs: one
-        per id, or none) and whether it ends the stream."""
+        per id, or none; prompt_logprobs: the first batch's) and whether it ends the stream."""
         self.generated += len(ids)
         text_ids = ids[:-1] if why == "stop" else ids  # no text for EOS / stop tokens
         text, self.matched = self.stops.feed(self.detok.add(text_ids))
@@ -89,10 +91,15 @@ class TextAssembler:
         chunk.token_ids.extend(ids)
         chunk.text = text
         for lp in logprobs or ():
-            out = chunk.logprobs.add()
-            out.logprob = lp.logprob
-            out.top_token_ids.extend(lp.top_token_ids)
-            out.top_logprobs.extend(lp.top_logprobs)
+            _public_logprobs(lp, chunk.logprobs.add())
+        if self.prompt is not None:
+            if len(prompt_logprobs or ()) != len(self.prompt) - 1:
+                raise GatewayError(grpc.StatusCode.INTERNAL, f"the worker sent {len(prompt_logprobs or ())} prompt "
+                                   f"logprobs for a {len(self.prompt)}-token prompt")
+            chunk.prompt_token_ids.extend(self.prompt)
+            for lp in prompt_logprobs or ():
+                _public_logprobs(lp, chunk.prompt_logprobs.add())
+            self.prompt = None
         return resp, self.matched is not None or why is not None
 
     def complete(self, rid: str, prompt_tokens: int) -> gateway_pb2.Complete:
@@ -159,9 +166,9 @@ class Generation:
             text = TextAssembler(self.tokenizer, prompt, params, self.byte_table)
             try:
                 async with contextlib.aclosing(flow.run(job, self.router, deadline)) as tokens:
-                    async for ids, why, logprobs in tokens:
+                    async for batch in tokens:
                         ticket.started()
-                        resp, done = text.feed(ids, why, logprobs)
+                        resp, done = text.feed(batch.ids, batch.finish, batch.logprobs, batch.prompt_logprobs)
                         yield resp
                         if done:
                             break
@@ -179,6 +186,13 @@ class Generation:
             return None if why is None else why.value
 
         return check
+
+
+def _public_logprobs(lp, out: gateway_pb2.TokenLogprobs) -> None:
+    """A worker's WorkerLogprobs as the public TokenLogprobs `out` (an added repeated entry)."""
+    out.logprob = lp.logprob
+    out.top_token_ids.extend(lp.top_token_ids)
+    out.top_logprobs.extend(lp.top_logprobs)
 
 
 def _public_field(kind: str | None, field: str) -> str:

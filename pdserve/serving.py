@@ -51,6 +51,8 @@ def sampling_to_wire(p: SamplingParams) -> worker_pb2.WorkerSampling:
         w.seed = p.seed
     if p.logprobs is not None:
         w.logprobs = p.logprobs
+    if p.prompt_logprobs is not None:
+        w.prompt_logprobs = p.prompt_logprobs
     return w
 
 
@@ -70,6 +72,7 @@ def sampling_from_wire(w: worker_pb2.WorkerSampling, vocab_size: int | None = No
         repetition_penalty=w.repetition_penalty if w.HasField("repetition_penalty") else 1.0,
         min_p=w.min_p,
         logit_bias=tuple(sorted(w.logit_bias.items())),
+        prompt_logprobs=w.prompt_logprobs if w.HasField("prompt_logprobs") else None,
     )
     p.validate(vocab_size)
     return p

@@ -57,6 +57,8 @@ class PrefillServicer(worker_pb2_grpc.PrefillWorkerServicer):
         )
         if first.logprobs is not None:
             logprobs_to_wire(first.logprobs, resp.first_logprobs)
+        for lp in first.prompt_logprobs or ():
+            logprobs_to_wire(lp, resp.prompt_logprobs.add())
         return resp
 
     def _check(self, request: worker_pb2.PrefillRequest, prompt: list[int]) -> str | None:

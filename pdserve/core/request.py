@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from pdserve.core.sampling import SamplingParams
+from pdserve.core.step_io import TokenLogprobs
 
 
 class SeqStatus(enum.Enum):
@@ -25,6 +26,8 @@ class Sequence:
     """Tokens, cache blocks and progress of one request.
 
     `num_computed` tokens have their KV in `block_table`; the next step computes from there.
+    `prompt_logprobs` gathers the prompt's logprobs (params.prompt_logprobs) chunk by chunk
+    until the first output token carries them.
     """
 
     request_id: str
@@ -38,6 +41,7 @@ class Sequence:
     status: SeqStatus = SeqStatus.WAITING
     finish: Finish | None = None
     arrival: int = 0
+    prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)
 
     @property
     def token_ids(self) -> list[int]:
@@ -54,6 +58,13 @@ class Sequence:
         if end <= p:
             return tuple(self.prompt_ids[start:end])
         return tuple(self.prompt_ids[start:]) + tuple(self.output_ids[: end - p])
+
+    def prompt_targets(self, start: int, end: int) -> tuple[int, ...]:
+        """A slice's SeqSlice.prompt_targets: prompt tokens start+1 .. end (at most the last
+        prompt token) while the prompt's logprobs are asked for and not yet delivered."""
+        if self.params.prompt_logprobs is None or self.output_ids:
+            return ()
+        return tuple(self.prompt_ids[start + 1 : min(end + 1, len(self.prompt_ids))])
 
     def suppressed(self, pending: int = 0) -> tuple[int, ...]:
         """Tokens that must not be sampled yet (min_tokens not reached), `pending` outputs

@@ -39,6 +39,9 @@ class SamplingParams:
     min_p: float = 0.0
     # OpenAI's: (token id, bias in [-100, 100]) added to the logits before anything else
     logit_bias: tuple[tuple[int, float], ...] = ()
+    # None: none; n >= 0: each prompt token's log-probability given the tokens before it (the
+    # first token has none) and the n most likely tokens' there (vLLM's prompt_logprobs)
+    prompt_logprobs: int | None = None
 
     @property
     def greedy(self) -> bool:
@@ -86,8 +89,10 @@ class SamplingParams:
                 raise ValidationError("logit_bias", f"token id {token} is outside the vocabulary [0, {vocab_size})")
             if not math.isfinite(bias) or not -100.0 <= bias <= 100.0:
                 raise ValidationError("logit_bias", f"the bias of token {token} must be in [-100, 100], got {bias}")
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
-            raise ValidationError("logprobs", f"must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        for name in ("logprobs", "prompt_logprobs"):
+            v = getattr(self, name)
+            if v is not None and not 0 <= v <= MAX_LOGPROBS:
+                raise ValidationError(name, f"must be in [0, {MAX_LOGPROBS}], got {v}")
 
 
 def validate_prompt(

@@ -35,6 +35,7 @@ class SchedulerConfig:
 @dataclass(slots=True, unsafe_hash=True)
 class TokenEvent:
     """A token sampled for a request (token -1 when it ended without one) and why it ended.
+    A request's first token carries the prompt's logprobs when it asked for them.
 
     Treat it as immutable; not frozen, which would cost an object.__setattr__ per field."""
 
@@ -42,6 +43,7 @@ class TokenEvent:
     token: int
     finish: Finish | None
     logprobs: TokenLogprobs | None = None  # when the request asked for them
+    prompt_logprobs: tuple[TokenLogprobs, ...] | None = None  # prompt tokens 1.., first token only
 
 
 def with_history(sl: SeqSlice, seq: Sequence) -> SeqSlice:
@@ -249,6 +251,8 @@ class Scheduler:
             seq.num_computed = sl.start_pos + len(sl.token_ids) - sl.num_drafts  # accepted ones: below
             if rid in unregistered:
                 self._register_prefix(seq)
+            if sl.prompt_targets:
+                seq.prompt_logprobs += out.prompt_logprobs[rid]
             if not sl.sample:
                 continue
             if sl.num_drafts:
@@ -257,7 +261,10 @@ class Scheduler:
             token = sampled[rid]
             seq.output_ids.append(token)
             finish = check_finish(seq, max_len)
-            events.append(TokenEvent(rid, token, finish, out.logprobs.get(rid) if out.logprobs else None))
+            event = TokenEvent(rid, token, finish, out.logprobs.get(rid) if out.logprobs else None)
+            if seq.params.prompt_logprobs is not None and len(seq.output_ids) == 1:
+                event.prompt_logprobs, seq.prompt_logprobs = tuple(seq.prompt_logprobs), []
+            events.append(event)
             if finish is not None:
                 self._finish(seq, finish)
         aborted -= current
@@ -302,6 +309,7 @@ class Scheduler:
             sampling=seq.params,
             sample=end == len(seq),
             suppress_token_ids=seq.suppressed(),
+            prompt_targets=seq.prompt_targets(start, end),
         )
         return with_history(sl, seq) if seq.params.penalized else sl
 
@@ -340,13 +348,14 @@ class Scheduler:
         """Free seq's blocks and forget its progress: it recomputes from scratch."""
         self.blocks.free(seq.block_table)
         seq.block_table, seq.num_computed, seq.num_cached = [], 0, 0
+        seq.prompt_logprobs = []  # recomputed from the start
         self._registered.pop(seq.request_id, None)
         if self._hashes.get(seq.request_id):
             self._unregistered.add(seq.request_id)
 
     def _reuse_prefix(self, seq: Sequence) -> None:
         hashes = self._hashes.get(seq.request_id)
-        if not hashes:
+        if not hashes or seq.prompt_targets(0, len(seq)):  # prompt logprobs need every position's logits
             return
         # Always recompute at least the last token, so the last cached block is left alone.
         usable = hashes[: cacheable_blocks(len(seq), self.blocks.block_size)]

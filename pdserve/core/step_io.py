@@ -55,6 +55,11 @@ class SeqSlice:
     the token on the device, where the previous step sampled it (row `prev_row` of that step's
     sampled slices).
 
+    `prompt_targets`: the prompt tokens at positions start_pos + 1 .. start_pos + len(it) (at
+    most the slice's end, never past the prompt) when the request asks for prompt logprobs:
+    the runner reports each one's log-probability from the logits of the position before it
+    (StepOutput.prompt_logprobs). Empty for every other slice.
+
     A slice whose params are `penalized` carries `history`, a view of the sequence's tokens at
     positions 0 .. start_pos - 1: with its own token_ids (a placeholder read on the device) they
     are what the penalties count. Other slices carry None.
@@ -73,6 +78,7 @@ class SeqSlice:
     num_drafts: int = 0
     prev_row: int = -1
     history: History | None = None
+    prompt_targets: tuple[int, ...] = ()
 
     @property
     def end_pos(self) -> int:
@@ -104,8 +110,10 @@ class StepOutput:
 
     A slice with drafts is in `emitted` instead: its 1..num_drafts+1 tokens, in order.
     `logprobs`: for sampled slices whose params ask for them (speculation skips those).
+    `prompt_logprobs`: for slices with prompt_targets, one entry per target, in order.
     """
 
     sampled: dict[str, int] = field(default_factory=dict)
     emitted: dict[str, tuple[int, ...]] = field(default_factory=dict)
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
+    prompt_logprobs: dict[str, tuple[TokenLogprobs, ...]] = field(default_factory=dict)

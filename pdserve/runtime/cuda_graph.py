@@ -149,10 +149,12 @@ class DecodeGraphs:
             self._capture_all()
 
     def fits(self, seqs: tuple[SeqSlice, ...]) -> bool:
-        """A pure-decode batch small enough, whose tables fit the static width."""
+        """A pure-decode batch small enough, whose tables fit the static width (and no prompt
+        logprobs: a one-token chunk of a prompt may ask for them)."""
         return (
             0 < len(seqs) <= self.max_batch
-            and all(len(s.token_ids) == 1 and s.end_pos <= self.width * self.block_size for s in seqs)
+            and all(len(s.token_ids) == 1 and s.end_pos <= self.width * self.block_size and not s.prompt_targets
+                    for s in seqs)
         )
 
     @torch.inference_mode()

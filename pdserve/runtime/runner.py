@@ -19,6 +19,7 @@ from pdserve.runtime.cuda_graph import DecodeGraphs
 from pdserve.runtime.kv_cache import allocate_kv_pool, kv_layout
 from pdserve.runtime.kv_quant import allocate_quant_pool, is_quantized, quant_kv_layout
 from pdserve.runtime.penalties import PenaltyCounts, process
+from pdserve.runtime.prompt_logprobs import QueuedPromptLogprobs, prompt_rows, queue_prompt_logprobs
 from pdserve.runtime.sampler import TRITON_NUCLEUS_MIN_ROWS, QueuedLogprobs, queue_logprobs, sample_on_device, to_device
 from pdserve.runtime.staging import HostStager, check_block_ids, flat_slot_mapping, fill_placeholders
 
@@ -37,15 +38,17 @@ class LaunchedStep:
     tokens: torch.Tensor  # their tokens: a pinned host tensor filled by a queued copy (CUDA)
     done: torch.cuda.Event | None
     logprobs: QueuedLogprobs | None = None  # of the slices whose params ask for them (host)
+    prompt_logprobs: QueuedPromptLogprobs | None = None  # of the slices with prompt targets (host)
 
     def result(self) -> StepOutput:
         if self.done is not None:
             self.done.synchronize()
         sampled = dict(zip(self.request_ids, self.tokens.tolist()))
+        prompt = self.prompt_logprobs.by_request() if self.prompt_logprobs is not None else {}
         if self.logprobs is None:
-            return StepOutput(sampled=sampled)
+            return StepOutput(sampled=sampled, prompt_logprobs=prompt)
         ids = [self.request_ids[r] for r in self.logprobs.rows]
-        return StepOutput(sampled=sampled, logprobs=dict(zip(ids, self.logprobs.entries())))
+        return StepOutput(sampled=sampled, logprobs=dict(zip(ids, self.logprobs.entries())), prompt_logprobs=prompt)
 
 
 class ModelRunner:
@@ -147,10 +150,10 @@ class ModelRunner:
         self.check(step)
         sampled = [s for s in step.seqs if s.sample]
         ids = [s.request_id for s in sampled]
-        logits = self._forward(step, sampled, layer_hook)
+        logits, prompt = self._forward(step, sampled, layer_hook)
         if logits is None:
             self._prev_ids = []
-            return LaunchedStep([], torch.empty(0, dtype=torch.int64), None)
+            return self._launched([], torch.empty(0, dtype=torch.int64), None, prompt)
         params = [s.sampling for s in sampled]
         tokens = sample_on_device(
             process(logits, sampled, self.prev_tokens, self.penalty_counts), params, [s.end_pos for s in sampled],
@@ -160,26 +163,35 @@ class ModelRunner:
         n = min(len(ids), self.prev_tokens.numel())
         self.prev_tokens[:n].copy_(tokens[:n])
         self._prev_ids = ids[:n]
+        return self._launched(ids, tokens, logprobs, prompt)
+
+    def _launched(self, ids: list[str], tokens: torch.Tensor, logprobs: QueuedLogprobs | None,
+                  prompt: QueuedPromptLogprobs | None) -> LaunchedStep:
+        """The step's results, on CUDA copied to pinned host memory by queued copies."""
         if self.device.type != "cuda":
-            return LaunchedStep(ids, tokens, None, logprobs)
+            return LaunchedStep(ids, tokens, None, logprobs, prompt)
         host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
         host.copy_(tokens, non_blocking=True)
         logprobs = logprobs.to_host() if logprobs is not None else None
+        prompt = prompt.to_host() if prompt is not None else None
         done = torch.cuda.Event()
         done.record()
-        return LaunchedStep(ids, host, done, logprobs)
+        return LaunchedStep(ids, host, done, logprobs, prompt)
 
-    def _forward(self, step: StepInput, sampled: list[SeqSlice], layer_hook: LayerHook | None) -> torch.Tensor | None:
-        """Logits of the sampled slices (None when none samples)."""
+    def _forward(self, step: StepInput, sampled: list[SeqSlice], layer_hook: LayerHook | None
+                 ) -> tuple[torch.Tensor | None, QueuedPromptLogprobs | None]:
+        """Logits of the sampled slices (None when none samples) and the prompt logprobs."""
         if layer_hook is None and self.graphed(step):
             logits = self.graphs.run(step.seqs)
             if len(sampled) < len(step.seqs):
                 logits = logits.index_select(0, to_device([i for i, s in enumerate(step.seqs) if s.sample],
                                                           logits.device))
-            return logits
+            return logits, None
         ids, positions, meta = self._prepare(step.seqs)
         hidden = self.model.forward(ids, positions, meta, self.kv_pool, layer_hook)
-        return self.model.compute_logits(hidden) if sampled else None
+        n = len(sampled)
+        prompt = queue_prompt_logprobs(hidden[n:], step.seqs, self.model.compute_logits)
+        return (self.model.compute_logits(hidden[:n]) if sampled else None), prompt
 
     def check(self, step: StepInput) -> None:
         """Refuse a step the pool, the model or the vocabulary cannot serve (ValueError)."""
@@ -247,6 +259,7 @@ class ModelRunner:
                 tables.extend([0] * (width - len(s.block_table)))
         lens = [s.end_pos for s in seqs]
         sample_idx = [qsl[i + 1] - 1 for i, s in enumerate(seqs) if s.sample]
+        sample_idx += prompt_rows(seqs)  # their hidden rows follow the sampled ones'
         (ids_t, pos_t, slots_t, qsl_t, bt_t, lens_t, idx_t, rows_t), host = self._stager.upload(
             [ids, pos, slots, qsl, tables, lens, sample_idx, rows]
         )

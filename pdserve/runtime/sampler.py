@@ -191,10 +191,17 @@ def queue_logprobs(logits: torch.Tensor, tokens: torch.Tensor, params: Sequence[
     index = None if len(rows) == len(params) else to_device(rows, logits.device)
     sub = logits if index is None else logits.index_select(0, index)
     picked = tokens if index is None else tokens.index_select(0, index)
-    lp = sub.float().log_softmax(dim=-1)
-    k = min(max(ks), lp.shape[1])  # a vocabulary smaller than the alternatives asked for lists them all
-    top, top_ids = lp.topk(k, dim=-1) if k else (lp[:, :0], picked.new_zeros((len(rows), 0)))
-    return QueuedLogprobs(rows, ks, lp.gather(1, picked.view(-1, 1).long()).squeeze(1), top, top_ids)
+    return token_logprobs(sub, picked, rows, ks)
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, rows: list[int], ks: list[int],
+                   k: int | None = None) -> QueuedLogprobs:
+    """QueuedLogprobs of every row of logits [R, V]: the log-softmax at tokens [R] and the top
+    k (default max(ks)) entries. No sync."""
+    lp = logits.float().log_softmax(dim=-1)
+    k = min(max(ks) if k is None else k, lp.shape[1])  # a vocabulary smaller than asked: all of it
+    top, top_ids = lp.topk(k, dim=-1) if k else (lp[:, :0], tokens.new_zeros((lp.shape[0], 0), dtype=torch.int64))
+    return QueuedLogprobs(rows, ks, lp.gather(1, tokens.view(-1, 1).long()).squeeze(1), top, top_ids)
 
 
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:

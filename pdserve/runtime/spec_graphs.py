@@ -80,10 +80,11 @@ class VerifyGraphs:
             self._capture_all()
 
     def fits(self, seqs: tuple[SeqSlice, ...]) -> bool:
-        """Sampled slices of 1..K+1 tokens, few enough, whose padded rows stay in the tables."""
+        """Sampled slices of 1..K+1 tokens, few enough, whose padded rows stay in the tables
+        (none asking for prompt logprobs)."""
         return 0 < len(seqs) <= self.max_batch and all(
             s.sample and 1 <= len(s.token_ids) <= self.k + 1 and s.start_pos + self.k + 1 <= self.width * self.block_size
-            and s.end_pos <= self.max_model_len for s in seqs)
+            and s.end_pos <= self.max_model_len and not s.prompt_targets for s in seqs)
 
     @torch.inference_mode()
     def run(self, seqs: tuple[SeqSlice, ...]) -> tuple[torch.Tensor, list[int]]:

@@ -19,7 +19,9 @@ import torch
 
 from pdserve.core.step_io import SeqSlice, StepInput, StepOutput
 from pdserve.runtime.loop import LayerHook
+from pdserve.runtime.prompt_logprobs import prompt_rows, queue_prompt_logprobs
 from pdserve.runtime.runner import ModelRunner
+from pdserve.runtime.sampler import to_device
 from pdserve.runtime.spec_graphs import VerifyGraphs
 from pdserve.runtime.spec_verify import verify_step
 
@@ -81,8 +83,10 @@ def execute_speculative(runner: ModelRunner, step: StepInput) -> StepOutput:
             owned.append((s, len(rows)))
             rows.extend(range(end - s.num_drafts - 1, end))
     ids, positions, meta = runner._prepare(step.seqs)
-    idx = torch.tensor(rows, dtype=torch.int64).to(runner.device, non_blocking=True)
+    idx = to_device(rows + prompt_rows(step.seqs), runner.device)  # prompt logprobs' rows last
     meta = dataclasses.replace(meta, logits_indices=idx, is_decode=False)
     hidden = runner.model.forward(ids, positions, meta, runner.kv_pool)
-    logits = runner.model.compute_logits(hidden)
-    return verify_step(logits, owned, runner.generator, runner.penalty_counts)
+    logits = runner.model.compute_logits(hidden[: len(rows)])
+    out = verify_step(logits, owned, runner.generator, runner.penalty_counts)
+    prompt = queue_prompt_logprobs(hidden[len(rows):], step.seqs, runner.model.compute_logits)
+    return out if prompt is None else dataclasses.replace(out, prompt_logprobs=prompt.by_request())

@@ -8,7 +8,7 @@ from pdserve.core.sampling import MAX_LOGIT_BIAS, MAX_LOGPROBS, SamplingParams, 
 
 
 @pytest.mark.parametrize("field,bad", [
-    ("logprobs", -1), ("logprobs", MAX_LOGPROBS + 1),
+    ("logprobs", -1), ("logprobs", MAX_LOGPROBS + 1), ("prompt_logprobs", -1), ("prompt_logprobs", MAX_LOGPROBS + 1),
     ("presence_penalty", 2.5), ("presence_penalty", float("nan")), ("frequency_penalty", -2.01),
     ("frequency_penalty", float("inf")), ("repetition_penalty", 0.0), ("repetition_penalty", -1.0),
     ("repetition_penalty", float("nan")), ("min_p", -0.1), ("min_p", 1.5), ("logit_bias", ((5, 101.0),)),
@@ -21,7 +21,7 @@ def test_bad_values_name_their_field(field: str, bad: float) -> None:
     assert info.value.field == field
 
 
-@pytest.mark.parametrize("kw", [dict(logprobs=0), dict(logprobs=MAX_LOGPROBS), dict(presence_penalty=-2.0),
+@pytest.mark.parametrize("kw", [dict(logprobs=0), dict(logprobs=MAX_LOGPROBS), dict(prompt_logprobs=0), dict(presence_penalty=-2.0),
                                 dict(frequency_penalty=2.0), dict(repetition_penalty=0.01), dict(min_p=1.0),
                                 dict(logit_bias=((0, -100.0), (7, 100.0)))])
 def test_edge_values_pass(kw: dict) -> None:

@@ -262,3 +262,45 @@ def test_penalized_slices_carry_their_history():
     sched.update(step, runner.execute(step))
     run_all(sched, runner)
     leak_check(sched)
+
+
+def _prompt_entries(step, out):
+    """A StepOutput with fake prompt logprobs: each target's logprob is minus its position."""
+    from pdserve.core.step_io import StepOutput, TokenLogprobs
+
+    return StepOutput(sampled=out.sampled, prompt_logprobs={
+        sl.request_id: tuple(TokenLogprobs(-float(sl.start_pos + 1 + i)) for i in range(len(sl.prompt_targets)))
+        for sl in step.seqs if sl.prompt_targets})
+
+
+def test_prompt_logprobs_gathered_over_chunks_arrive_with_the_first_token():
+    """A 10-token prompt in chunks of 4: its slices name the prompt tokens after each position
+    (never past the prompt), the first token's event carries the 9 entries in order, a
+    recompute from scratch (released mid-prompt) does not repeat them, and a request asking
+    prompt logprobs never takes prefix-cache hits (a cached position has no logits)."""
+    sched, runner = make(num_blocks=64, block_size=4, max_num_batched_tokens=4)
+    params = SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=1)
+    prompt = list(range(100, 110))
+    sched.add(Sequence("p", prompt, params))
+    step = sched.schedule()
+    assert step.seqs[0].prompt_targets == tuple(prompt[1:5])
+    sched.update(step, _prompt_entries(step, runner.execute(step)))
+    sched._release(sched.get("p"))  # as a preemption does to the head of the queue
+    events = []
+    while sched.has_work:
+        step = sched.schedule()
+        for sl in step.seqs:
+            assert sl.prompt_targets == (tuple(prompt[sl.start_pos + 1 : sl.end_pos + 1]) if sl.start_pos < 10 else ())
+        events += sched.update(step, _prompt_entries(step, runner.execute(step)))
+    assert [e.logprob for e in events[0].prompt_logprobs] == [-float(i) for i in range(1, 10)]
+    assert events[1].prompt_logprobs is None and len(events) == 2
+    sched.add(Sequence("again", prompt, params))
+    sched.add(Sequence("plain", prompt, SamplingParams(temperature=0, max_tokens=2)))
+    first = sched.schedule()
+    assert first.seqs[0].start_pos == 0 and sched.prefix_hit_tokens == 0
+    sched.update(first, _prompt_entries(first, runner.execute(first)))
+    while sched.has_work:
+        step = sched.schedule()
+        sched.update(step, _prompt_entries(step, runner.execute(step)))
+    assert sched.prefix_hit_tokens == 8  # "plain" reused two cached blocks
+    leak_check(sched)

@@ -12,6 +12,7 @@ from pdserve.client import build_request
 from pdserve.core.sampling import SamplingParams
 from pdserve.proto import gateway_pb2
 from pdserve.runtime.offline import generate
+from pdtest.logprobs import check_prompt_logprobs, offline_prompt_logprobs
 
 pytestmark = pytest.mark.slow
 
@@ -201,6 +202,23 @@ def test_logprobs_equal_single_process_engine(client, offline_runner):
     plain = [m.chunk for m in client.stream(build_request(token_ids=prompt, max_tokens=2, temperature=0.0),
                                             timeout=60) if m.HasField("chunk")]
     assert not any(c.logprobs for c in plain)
+
+
+def test_prompt_logprobs_equal_single_process_engine(client, offline_runner):
+    """prompt_logprobs=2 through the prefill worker (twice: the second time its prefix cache
+    holds the prompt, which such a request must not use) equal the single-process engine's;
+    the generated tokens are unchanged; 21 is refused naming the field."""
+    prompt = [504, 3575, 282, 4649, 314, 7042, 30, 504, 3575, 282, 4649, 314, 2114, 28, 253, 1342, 17, 33, 3049]
+    want = offline_prompt_logprobs(offline_runner, prompt, 2)
+    plain = offline(offline_runner, prompt, 3)
+    for _ in range(2):
+        chunks = [m.chunk for m in client.stream(build_request(token_ids=prompt, max_tokens=3, temperature=0.0,
+                                                               prompt_logprobs=2), timeout=60) if m.HasField("chunk")]
+        check_prompt_logprobs(chunks, prompt, want, 2)
+        assert [t for c in chunks for t in c.token_ids] == plain
+    with pytest.raises(grpc.RpcError) as err:
+        client.generate(token_ids=prompt, max_tokens=1, prompt_logprobs=21)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "prompt_logprobs" in err.value.details()
 
 
 @pytest.mark.parametrize("penalties", [dict(repetition_penalty=1.3),

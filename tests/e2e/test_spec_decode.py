@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -18,6 +19,7 @@ from pdserve.core.sampling import SamplingParams
 from pdserve.launch import Stack, free_port
 from pdserve.proto import gateway_pb2
 from pdserve.runtime.offline import generate
+from pdtest.logprobs import check_prompt_logprobs, offline_prompt_logprobs
 from pdtest.stack import assert_no_leaks, pool_stats
 
 pytestmark = pytest.mark.slow
@@ -92,11 +94,29 @@ def test_disaggregated(default_model_dir, reference) -> None:
         assert_no_leaks(st)
 
 
-def test_colocated(default_model_dir, reference) -> None:
+def test_colocated(default_model_dir, reference, offline_runner) -> None:
     with spec_stack(default_model_dir, colocated=True) as st:
         check_greedy_run(st, "colocated", reference)
         check_logprobs_run(st, "colocated", reference)
+        check_prompt_logprobs_run(st, reference, offline_runner)
         assert_no_leaks(st)
+
+
+def check_prompt_logprobs_run(stack: Stack, reference, offline_runner) -> None:
+    """Prompt logprobs from the colocated worker, sent beside a greedy request whose drafts its
+    steps verify, equal the single-process engine's; both get the plain greedy tokens."""
+    from pdserve.client import Client, build_request
+
+    ids, want = reference
+    expect = offline_prompt_logprobs(offline_runner, ids, 3)
+    with Client(stack.gateway) as c, ThreadPoolExecutor(1) as pool:
+        drafting = pool.submit(c.generate, token_ids=ids, max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+        chunks = [m.chunk for m in c.stream(build_request(token_ids=ids, max_tokens=MAX_TOKENS, temperature=0.0,
+                                                          ignore_eos=True, prompt_logprobs=3), timeout=120)
+                  if m.HasField("chunk")]
+        assert drafting.result(timeout=120)[1] == want
+    check_prompt_logprobs(chunks, ids, expect, 3)
+    assert [t for ch in chunks for t in ch.token_ids] == want
 
 
 def check_logprobs_run(stack: Stack, role: str, reference) -> None:
