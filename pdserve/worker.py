@@ -19,6 +19,7 @@ from pdserve.model.spec import ModelSpec
 from pdserve.runtime.draft_model import DraftModelProposer, check_draft_model
 from pdserve.runtime.kv_cache import block_bytes
 from pdserve.runtime.kv_quant import KV_CACHE_DTYPES, is_quantized, quant_block_bytes
+from pdserve.runtime.penalties import PenaltyCounts
 from pdserve.runtime.runner import ModelRunner
 
 log = logging.getLogger(__name__)
@@ -169,7 +170,8 @@ def _num_blocks(args: argparse.Namespace, spec: ModelSpec, dtype: torch.dtype, d
         # --gpu-memory-utilization is this worker's share of the whole GPU (as in vLLM), so two
         # workers can share one GPU at 0.45 each; never more than what is actually free.
         own = int(total * args.gpu_memory_utilization) - weights - (2 << 30)
-        budget = min(own, free - weights - (1 << 30))
+        # the penalties' counts are allocated later, by the first penalized request
+        budget = min(own, free - weights - (1 << 30)) - PenaltyCounts.nbytes(args.max_num_seqs, spec.vocab_size)
     else:
         budget = args.kv_cache_memory
     kv_dtype = getattr(args, "kv_cache_dtype", "auto")

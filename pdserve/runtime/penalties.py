@@ -43,6 +43,11 @@ class PenaltyCounts:
         self._where: OrderedDict[str, tuple[int, int]] = OrderedDict()  # request -> (row, positions counted)
         self._free = list(range(slots - 1, -1, -1))
 
+    @staticmethod
+    def nbytes(slots: int, vocab: int) -> int:
+        """Device bytes the counts take once a penalized request comes (float32 + uint8 rows)."""
+        return slots * vocab * 5
+
     @property
     def generated(self) -> torch.Tensor:
         assert self._counts is not None, "count() first"

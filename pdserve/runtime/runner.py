@@ -11,7 +11,7 @@ import torch
 
 from pdserve.core.kv_layout import KvLayout
 from pdserve.core.sampling import SamplingParams
-from pdserve.core.step_io import PLACEHOLDER, SeqSlice, StepInput, StepOutput
+from pdserve.core.step_io import PLACEHOLDER, History, SeqSlice, StepInput, StepOutput
 from pdserve.model.llama import AttnMetadata, LayerHook, LlamaModel
 from pdserve.model.loader import load_weights
 from pdserve.model.spec import ModelSpec
@@ -109,7 +109,8 @@ class ModelRunner:
         inside the first requests' steps (a compile takes ~0.1-1 s): a one-prompt prefill, a
         two-prompt prefill (one behind a cached prefix, one top-p sampled), a decode step (one
         row sampled at temperature alone, one greedy), then top-k/top-p sampling of a batch
-        large enough for the nucleus kernel. Writes KV into the pool's first 9 blocks, so call
+        large enough for the nucleus kernel, and penalties on a scratch row of counts (the
+        runner's own are allocated by the first penalized request). Writes KV into the pool's first 9 blocks, so call
         it before serving; leaves no other trace (the runner's generator is restored). A pool
         or length too small: no-op."""
         bs = self.block_size
@@ -134,6 +135,9 @@ class ModelRunner:
         with torch.inference_mode():
             logits = torch.zeros((rows, self.spec.vocab_size), dtype=self.dtype, device=self.device)
             sample_on_device(logits, [top_k] * rows, [0] * rows, None, self.generator).cpu()
+            penalized = SamplingParams(repetition_penalty=1.1, frequency_penalty=0.1, max_tokens=1)
+            sl = SeqSlice("wp", (1,), 0, (0,), penalized, history=History([1], [], 0))
+            process(logits[:1], [sl], None, PenaltyCounts(self.spec.vocab_size, self.device, 1)).cpu()
         self.generator.set_state(state)
         self._prev_ids = []
 

@@ -208,3 +208,49 @@ def test_bias_then_penalties_leave_the_input_alone() -> None:
     biased[0, 9] -= 1.0
     want = process(biased, [SeqSlice("b", (3,), 2, (0,), SamplingParams(**pen), history=History([3, 4], [], 2)), plain])
     assert torch.equal(got, want) and torch.equal(logits, kept)
+
+
+def test_gpu_kv_budget_leaves_room_for_the_penalty_counts(monkeypatch) -> None:
+    """On CUDA the KV pool is sized without the [max_num_seqs, vocab] counts a penalized request
+    allocates later: each extra sequence slot costs the pool vocab x 5 bytes (memory faked)."""
+    import argparse
+
+    from pdserve.runtime.kv_cache import block_bytes
+    from pdserve.runtime.penalties import PenaltyCounts
+    from pdserve.worker import _num_blocks, add_worker_args
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (60 << 30, 80 << 30))
+    p = argparse.ArgumentParser()
+    add_worker_args(p)
+    blocks = {}
+    for seqs in (1, 1024):
+        args = p.parse_args(["--port", "0", "--max-num-seqs", str(seqs), "--block-size", "16"])
+        blocks[seqs] = _num_blocks(args, SPEC, torch.bfloat16, torch.device("cuda"))
+    per_block = block_bytes(SPEC, 16, torch.bfloat16)
+    lost = PenaltyCounts.nbytes(1024, SPEC.vocab_size) - PenaltyCounts.nbytes(1, SPEC.vocab_size)
+    assert blocks[1] - blocks[1024] in (lost // per_block, lost // per_block + 1)
+    assert lost // per_block > 0
+
+
+def _compiled_variants(kernel) -> int:
+    """How many compiled variants a Triton kernel holds (its per-device caches)."""
+    return sum(len(entry[0]) for entry in kernel.device_caches.values())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_warm_up_compiles_the_penalties_kernel_a_penalized_step_uses() -> None:
+    """After warm_up, a penalized bf16 step (prefill, then a graphed decode) compiles no new
+    variant of the penalties kernel, and the runner's own counts are still unallocated until
+    then."""
+    from pdserve.kernels.penalties import _penalties_kernel
+
+    r = ModelRunner(SPEC, None, device="cuda", dtype=torch.bfloat16, num_blocks=64, block_size=16,
+                    load_format="dummy", seed=1, max_model_len=256, max_num_seqs=8)
+    r.warm_up()
+    assert r.penalty_counts._counts is None
+    compiled = _compiled_variants(_penalties_kernel)
+    assert compiled > 0
+    p = SamplingParams(temperature=0.0, max_tokens=4, repetition_penalty=1.3, presence_penalty=0.5)
+    generate(r, [[3, 4, 5, 3, 4], [7, 8, 9]], p)
+    assert _compiled_variants(_penalties_kernel) == compiled

@@ -133,3 +133,26 @@ def test_engine_loop_delivers_prompt_logprobs_with_the_first_token(tiny_model) -
     assert events["z"][0].prompt_logprobs is None
     assert [e.token for e in events["x"]] == [e.token for e in events["y"]] == [e.token for e in events["z"]]
     assert sched.prefix_hit_tokens == 20  # z's five cached blocks of 4; y found none
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_prompt_logprobs_equal_cpu(tiny_model) -> None:  # noqa: F811 (fixture)
+    """On CUDA (Triton kernels, CUDA graphs on): float32 prompt logprobs equal the CPU runner's,
+    and a one-token chunk asking for them is not sent to a decode graph (which has no rows for
+    them) but still reports its entry."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    path = tiny_model("llama")
+    spec = ModelSpec.from_dir(path)
+    asks = SamplingParams(temperature=0.0, prompt_logprobs=5)
+    gpu = ModelRunner(spec, path, device="cuda", dtype=torch.float32, num_blocks=32, block_size=4, max_num_seqs=8)
+    cpu = ModelRunner(spec, path, num_blocks=32, block_size=4)
+    chunks = [(0, 4), (4, 5), (5, 11)]
+    got: dict[str, list] = {"cuda": [], "cpu": []}
+    for name, r in (("cuda", gpu), ("cpu", cpu)):
+        for start, end in chunks:
+            step = StepInput((_slice("a", start, end, (0, 1, 2), asks),))
+            assert not r.graphed(step)
+            got[name] += r.execute(step).prompt_logprobs["a"]
+    assert len(got["cuda"]) == 10
+    _close(tuple(got["cuda"]), got["cpu"], tol=1e-3)

@@ -118,6 +118,7 @@ def test_warm_up_leaves_no_trace() -> None:
 
     warm = fresh()
     warm.warm_up()
+    assert warm.penalty_counts._counts is None  # the penalties ran on scratch counts
     with pytest.raises(ValueError, match="did not sample"):
         warm.execute(StepInput((SeqSlice("w2", (-1,), 9, (6, 7, 8), GREEDY, prev_row=0),)))
     hot = SamplingParams(temperature=1.0, max_tokens=8)
