@@ -7,6 +7,7 @@ Random weights of real shapes (--load-format dummy); speed does not depend on th
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import statistics
@@ -74,9 +75,12 @@ def decode_step(n_seqs: int, ctx: int, vocab: int) -> StepInput:
         for i in range(n_seqs)))
 
 
-def prefill_step(n_tokens: int, vocab: int) -> StepInput:
+def prefill_step(n_tokens: int, vocab: int, prompt_logprobs: int | None = None) -> StepInput:
+    """One n-token prompt, prefilled whole (with its prompt logprobs if asked)."""
     ids = tuple(torch.randint(0, vocab, (n_tokens,)).tolist())
-    return StepInput((SeqSlice("p", ids, 0, tuple(range(n_tokens // BS + 1)), GREEDY),))
+    params = GREEDY if prompt_logprobs is None else dataclasses.replace(GREEDY, prompt_logprobs=prompt_logprobs)
+    return StepInput((SeqSlice("p", ids, 0, tuple(range(n_tokens // BS + 1)), params,
+                               prompt_targets=ids[1:] if prompt_logprobs is not None else ()),))
 
 
 def weight_bytes(runner: ModelRunner) -> int:
@@ -225,7 +229,8 @@ def extras_loop_figures(runner: ModelRunner, spec: ModelSpec) -> dict:
     """What logprobs and penalties cost: engine-loop greedy decode at 1k context, batch 1 and
     256, overlap on, plain beside every row asking 5 logprobs, and every row penalized
     (frequency 0.5, repetition 1.1: counts on the device, each history read on the first step),
-    with the Triton penalties kernel and with its torch twin (penalties.KERNEL_PENALTIES off)."""
+    with the Triton penalties kernel and with its torch twin (penalties.KERNEL_PENALTIES off);
+    and a 2k-token prefill (one step, result read) plain and asking 5 prompt logprobs."""
     from pdserve.runtime import penalties
 
     def by_batch(**extra) -> dict:
@@ -240,6 +245,9 @@ def extras_loop_figures(runner: ModelRunner, spec: ModelSpec) -> dict:
         res["decode_loop_penalized_torch_tok_s_by_batch"] = by_batch(**pen)
     finally:
         penalties.KERNEL_PENALTIES = True
+    run = lambda step: (lambda: runner.execute(step))  # noqa: E731
+    res["prefill_2048_ms"] = {name: timed(run(prefill_step(2048, spec.vocab_size, k)), iters=5) * 1000
+                              for name, k in (("plain", None), ("prompt_logprobs5", 5))}
     return res
 
 
