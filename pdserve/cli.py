@@ -53,23 +53,25 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def _stream(address: str, **kw: object) -> None:
-    """Print the text as it comes, then the finish; with logprobs, a line per token after it."""
+    """Print the text as it comes, then the finish; with logprobs, a line per token after it
+    (with prompt logprobs, first a line per prompt token after the first, marked `prompt`)."""
     from pdserve.client import Client, build_request
 
-    entries = []
+    entries, prompt = [], []
     with Client(address) as client:
         for msg in client.stream(build_request(**kw)):
             if msg.HasField("chunk"):
                 print(msg.chunk.text, end="", flush=True)
                 entries.extend(zip(msg.chunk.token_ids, msg.chunk.logprobs))
+                prompt.extend(zip(msg.chunk.prompt_token_ids[1:], msg.chunk.prompt_logprobs))
             else:
                 c = msg.complete
                 reason = {1: "stop", 2: "length", 3: "abort"}.get(c.finish_reason, "?")
                 print(f"\n[finish={reason} prompt_tokens={c.usage.prompt_tokens} "
                       f"completion_tokens={c.usage.completion_tokens}]")
-    for token, lp in entries:
+    for mark, (token, lp) in [("prompt\t", e) for e in prompt] + [("", e) for e in entries]:
         top = " ".join(f"{t}:{v:.3f}" for t, v in zip(lp.top_token_ids, lp.top_logprobs))
-        print(f"{token}\t{lp.logprob:.4f}" + (f"\t{top}" if top else ""))
+        print(f"{mark}{token}\t{lp.logprob:.4f}" + (f"\t{top}" if top else ""))
 
 
 def _generate(argv: list[str]) -> None:
@@ -89,10 +91,12 @@ def _generate(argv: list[str]) -> None:
     p.add_argument("--repetition-penalty", type=float, default=None)
     p.add_argument("--logprobs", type=int, default=None, metavar="N",
                    help="after the text, each token's id and logprob and its N most likely alternatives")
+    p.add_argument("--prompt-logprobs", type=int, default=None, metavar="N",
+                   help="the same for each prompt token after the first (lines marked `prompt`)")
     a = p.parse_args(argv)
     optional = dict(top_p=a.top_p, top_k=a.top_k, seed=a.seed, min_p=a.min_p, presence_penalty=a.presence_penalty,
                     frequency_penalty=a.frequency_penalty, repetition_penalty=a.repetition_penalty,
-                    logprobs=a.logprobs)
+                    logprobs=a.logprobs, prompt_logprobs=a.prompt_logprobs)
     kw = {k: v for k, v in optional.items() if v is not None}
     prompt = {"messages": [("user", a.prompt)]} if a.chat else {"text": a.prompt}
     import grpc

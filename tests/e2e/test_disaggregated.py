@@ -249,3 +249,6 @@ def test_cli_generate_prints_logprobs_and_takes_penalties(stack, capsys):
         assert len(alternatives) == 2 and alternatives[0][0] == token and float(logprob) <= 0
     with pytest.raises(SystemExit, match="INVALID_ARGUMENT: presence_penalty"):
         main(["generate", "--address", stack.gateway, "--presence-penalty", "5", "hi"])
+    main(["generate", "--address", stack.gateway, "--max-tokens", "1", "--prompt-logprobs", "1", "The capital of France is"])
+    rows = [line.split("\t") for line in capsys.readouterr().out.splitlines() if line.startswith("prompt\t")]
+    assert len(rows) == 4 and all(len(r) == 4 and float(r[2]) <= 0 and ":" in r[3] for r in rows)  # 5 prompt tokens
