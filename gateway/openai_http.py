@@ -143,11 +143,15 @@ class OpenAIServer:
                     r, self.generation.model.name, propagate.extract(request.headers), self.metrics)))
                     for i, r in enumerate(reqs)]
                 firsts = await _firsts(streams, n=len(reqs) // len(prompts), batch=len(prompts) > 1)
+                width = schema.asked_prompt_logprobs(body)
+                prompt_logprobs = None if width is None else [
+                    schema.vllm_prompt_logprobs(f.chunk, width, self.words) for f in firsts]
             except GatewayError as e:
                 return error_response(e)
             reply = Reply(("chatcmpl-" if chat else "cmpl-") + rid, self.generation.model.name, chat,
                           per_prompt=len(reqs) // len(prompts), logprobs=self._logprobs(chat, reqs),
-                          echo=[self._prompt_text(r) for r in reqs] if echoed else None)
+                          echo=[self._prompt_text(r) for r in reqs] if echoed else None,
+                          prompt_logprobs=prompt_logprobs)
             if stream:
                 return await reply.stream(request, firsts, streams, include_usage)
             return await reply.whole(firsts, streams)
@@ -196,14 +200,27 @@ class Reply:
     """Turns the GenerateResponse streams of a request's choices (prompt by prompt, `per_prompt`
     each) into OpenAI JSON: one object, or SSE chunks that carry each choice's index. `logprobs`: each
     choice's builder, or None (`"logprobs": null`); a streamed chunk carries the logprobs of the tokens
-    of the gateway chunk it comes from (sent even when their text is held back)."""
+    of the gateway chunk it comes from (sent even when their text is held back). With echo, the
+    prompt's text (and its tokens' logprobs, when asked) come first: in a streamed answer, in one
+    event before the generated ones. `prompt_logprobs`: each choice's vLLM `prompt_logprobs`, on
+    each choice (completions) or, once, on the response (chat, as vLLM); never streamed."""
 
     def __init__(self, oid: str, model: str, chat: bool, logprobs: list[schema.ChoiceLogprobs | None],
-                 per_prompt: int = 1, echo: list[str] | None = None) -> None:
+                 per_prompt: int = 1, echo: list[str] | None = None,
+                 prompt_logprobs: list[list[dict | None]] | None = None) -> None:
         self.oid, self.model, self.chat, self.per_prompt = oid, model, chat, per_prompt
         self.logprobs = logprobs
         self.echo = echo  # each choice's prompt text, which its text starts with (completions' echo)
+        self.prompt_logprobs = prompt_logprobs
         self.kind = "chat.completion" if chat else "text_completion"
+
+    def _opening(self, i: int, first: gateway_pb2.GenerateResponse) -> dict | None:
+        """Choice i's logprobs object before its generated tokens: under echo, its prompt's entries
+        (from its first message), else empty; None where it has no logprobs."""
+        lp = self.logprobs[i]
+        if lp is None:
+            return None
+        return lp.prompt_part(first.chunk, self.echo[i]) if self.echo else lp.empty()
 
     def usage(self, done: list[gateway_pb2.Complete]) -> dict:
         """Each prompt's tokens once, every choice's completion tokens."""
@@ -219,9 +236,9 @@ class Reply:
     async def whole(self, firsts: list[gateway_pb2.GenerateResponse],
                     rests: list[AsyncIterator[gateway_pb2.GenerateResponse]]) -> web.Response:
         texts: list[list[str]] = [[self.echo[i]] if self.echo else [] for i in range(len(firsts))]
-        logprobs = [lp.empty() if lp is not None else None for lp in self.logprobs]
         done: dict[int, gateway_pb2.Complete] = {}
         try:
+            logprobs = [self._opening(i, first) for i, first in enumerate(firsts)]
             async with contextlib.aclosing(_merged(firsts, rests)) as merged:
                 async for i, msg in merged:
                     if msg.HasField("chunk"):
@@ -236,6 +253,11 @@ class Reply:
         obj = schema.envelope(self.kind, self.oid, self.model, [
             schema.choice(self.chat, "".join(texts[i]), schema.FINISH_NAMES.get(done[i].finish_reason), delta=False,
                           index=i, logprobs=logprobs[i]) for i in range(len(firsts))])
+        if self.prompt_logprobs is not None and self.chat:  # one prompt: vLLM puts them on the response
+            obj["prompt_logprobs"] = self.prompt_logprobs[0]
+        elif self.prompt_logprobs is not None:
+            for c, plp in zip(obj["choices"], self.prompt_logprobs):
+                c["prompt_logprobs"] = plp
         obj["usage"] = self.usage([done[i] for i in range(len(firsts))])
         return web.json_response(obj, headers={"x-request-id": done[0].request_id})
 
@@ -251,10 +273,10 @@ class Reply:
         if self.chat:
             for i in range(len(firsts)):
                 await resp.write(sse(chunk(i, "", None, first=True)))
-        for i, text in enumerate(self.echo or ()):
-            await resp.write(sse(chunk(i, text, None)))
         done: dict[int, gateway_pb2.Complete] = {}
         try:
+            for i, text in enumerate(self.echo or ()):
+                await resp.write(sse(chunk(i, text, None, logprobs=self._opening(i, firsts[i]))))
             async with contextlib.aclosing(_merged(firsts, rests)) as merged:
                 async for i, msg in merged:
                     if msg.HasField("chunk"):

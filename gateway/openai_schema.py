@@ -7,6 +7,11 @@ Token logprobs (`logprobs`, and `top_logprobs` on chat) are each choice's, built
 ChoiceLogprobs: a streamed event carries the logprobs of the tokens of the gateway chunk it was
 made from (text held back for an incomplete character or a possible stop string goes out later,
 its tokens' logprobs do not wait), so the events' entries, joined, are the whole response's.
+
+The prompt's logprobs come with a generation's first chunk (SamplingParams.prompt_logprobs); they
+answer two requests: `echo` with `logprobs` on /v1/completions (legacy OpenAI, what
+lm-evaluation-harness scores with: the choice's logprobs start with the prompt's tokens, the first
+one's logprob null) and vLLM's `prompt_logprobs` extension (`vllm_prompt_logprobs`).
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ NUMBERS = {"temperature": float, "top_p": float, "top_k": int, "seed": int, "max
 # if absent). Anything else is refused by name rather than ignored: a body asking for JSON output
 # or a penalty must not get plain sampling that looks like success.
 UNSUPPORTED: dict[str, tuple] = {
-    "best_of": (1,), "prompt_logprobs": (0,),
+    "best_of": (1,),
     "suffix": ("",), "tools": ([],), "functions": ([],),
     "tool_choice": ("none", "auto"), "function_call": ("none", "auto"),
     "response_format": ({"type": "text"},), "guided_json": (), "guided_regex": (), "guided_choice": (),
@@ -57,8 +62,8 @@ def _number(body: dict, name: str, kind: type) -> int | float | None:
 
 
 def echo(body: dict, chat: bool) -> bool:
-    """/v1/completions' `echo`: the answer's text starts with the prompt's. Not with logprobs
-    (they would need the prompt's, which no worker computes) and not on chat."""
+    """/v1/completions' `echo`: the answer's text starts with the prompt's (and with `logprobs`,
+    its logprobs with the prompt tokens'). Not on chat, as OpenAI."""
     value = body.get("echo")
     if value is None or value is False:
         return False
@@ -66,9 +71,26 @@ def echo(body: dict, chat: bool) -> bool:
         raise bad("echo", "is not supported on /v1/chat/completions")
     if not isinstance(value, bool):
         raise bad("echo", f"must be a boolean, got {value!r:.40}")
-    if body.get("logprobs") is not None:
-        raise bad("echo", "with logprobs needs the prompt's logprobs, which this server does not compute")
     return True
+
+
+def asked_prompt_logprobs(body: dict) -> int | None:
+    """vLLM's `prompt_logprobs` extension: None, or how many alternatives each prompt position
+    lists (0..20). Not with `stream` (as vLLM: streamed events have no place for them)."""
+    value = _alternatives(body, "prompt_logprobs")
+    if value is not None and body.get("stream") is True:
+        raise bad("prompt_logprobs", "is not available with stream: true")
+    return value
+
+
+def _prompt_logprobs(body: dict, chat: bool, logprobs: int | None) -> int | None:
+    """SamplingParams.prompt_logprobs for a body: enough alternatives for vLLM's extension and, on
+    /v1/completions, for echo with logprobs (whose echoed tokens carry `logprobs` alternatives)."""
+    wanted = [asked_prompt_logprobs(body)]
+    if not chat and body.get("echo") is True:
+        wanted.append(logprobs)
+    given = [n for n in wanted if n is not None]
+    return max(given) if given else None
 
 
 def sampling(body: dict, chat: bool) -> gateway_pb2.SamplingParams:
@@ -102,6 +124,9 @@ def sampling(body: dict, chat: bool) -> gateway_pb2.SamplingParams:
     logprobs = _chat_logprobs(body) if chat else _completion_logprobs(body)
     if logprobs is not None:
         s.logprobs = logprobs
+    prompt = _prompt_logprobs(body, chat, logprobs)
+    if prompt is not None:
+        s.prompt_logprobs = prompt
     return s
 
 
@@ -317,11 +342,13 @@ class ChoiceLogprobs:
     "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}.
 
     A token the worker stopped on (EOS or a stop token id) adds no text, and is left out as OpenAI
-    does; every other token is in, those cut off by a stop string too (as in vLLM)."""
+    does; every other token is in, those cut off by a stop string too (as in vLLM). With echo, the
+    prompt's tokens come first (`prompt_part`), and the generated tokens' offsets follow the prompt's text."""
 
     def __init__(self, chat: bool, req: gateway_pb2.GenerateRequest, words: TokenText,
                  eos_ids: tuple[int, ...]) -> None:
         self.chat, self.words = chat, words
+        self.width = req.sampling.logprobs  # alternatives per entry (the prompt's may carry more)
         self.seq = Sequence("", [], sampling_from_request(req.sampling), eos_ids)  # the worker's view, for stops
         self.utf8 = codecs.getincrementaldecoder("utf-8")("replace")  # as the detokenizer: text_offset
         self.offset = 0
@@ -353,6 +380,24 @@ class ChoiceLogprobs:
                     self.offset += len(self.utf8.decode(self.words.piece(token)))
         return out
 
+    def prompt_part(self, chunk: gateway_pb2.Chunk, text: str) -> dict:
+        """Completions' echo: the object for the prompt's tokens, from the first chunk (its
+        prompt_token_ids and prompt_logprobs), before any `part`. The first token has nothing
+        before it: null logprob and top_logprobs (as OpenAI and vLLM). text_offset counts the
+        characters of the prompt's tokens before each (special tokens' text included: the echoed
+        `text`, the prompt decoded, has it); the generated tokens' offsets continue after `text`."""
+        out = self.empty()
+        utf8, offset = codecs.getincrementaldecoder("utf-8")("replace"), 0
+        for token, lp in prompt_entries(chunk):
+            out["tokens"].append(self.words.string(token))
+            out["token_logprobs"].append(None if lp is None else _logprob(lp.logprob))
+            out["top_logprobs"].append(None if lp is None else {
+                self.words.string(t): _logprob(v) for t, v in zip(lp.top_token_ids[:self.width], lp.top_logprobs)})
+            out["text_offset"].append(offset)
+            offset += len(utf8.decode(self.words.piece(token)))
+        self.offset = len(text)
+        return out
+
     def _stopped_on(self, chunk: gateway_pb2.Chunk) -> bool:
         """Whether the worker stopped on chunk's last token (then the chunk is the last one). STOP is
         decided before any length, so the lengths check_finish is given do not matter here."""
@@ -362,3 +407,34 @@ class ChoiceLogprobs:
     def _word(self, token: int, logprob: float) -> dict:
         """A chat entry's token, logprob and bytes."""
         return {"token": self.words.string(token), "logprob": _logprob(logprob), "bytes": list(self.words.piece(token))}
+
+
+def prompt_entries(chunk: gateway_pb2.Chunk) -> list[tuple[int, gateway_pb2.TokenLogprobs | None]]:
+    """(token id, its logprobs) for each prompt token of a generation's first chunk; the first
+    token's are None (nothing comes before it). An INTERNAL error where the chunk lacks them."""
+    ids, entries = chunk.prompt_token_ids, chunk.prompt_logprobs
+    if not ids or len(entries) != len(ids) - 1:
+        raise GatewayError(grpc.StatusCode.INTERNAL, f"{len(entries)} prompt logprobs for a {len(ids)}-token prompt")
+    return list(zip(ids, [None, *entries]))
+
+
+def vllm_prompt_logprobs(chunk: gateway_pb2.Chunk, width: int, words: TokenText) -> list[dict | None]:
+    """vLLM's `prompt_logprobs` from a generation's first chunk: null for the first prompt token,
+    then per position {"<token id>": {"logprob", "rank", "decoded_token"}} for the prompt's actual
+    token (first) and the `width` most likely tokens (rank 1..width, most likely first).
+
+    vLLM gives the actual token its rank in the whole vocabulary; the worker sends only the top
+    `width`, so here the actual token's rank is its place among them when it is one of them (where
+    vLLM overwrites its entry with the top one's, the same), else null: unknown, only known to
+    exceed `width` (never a made-up number). decoded_token is the token's text as the logprobs'
+    tokens show it (TokenText: "bytes:\\x.." for part of a character)."""
+    out: list[dict | None] = [None]
+    for token, lp in prompt_entries(chunk)[1:]:
+        tops = list(zip(lp.top_token_ids[:width], lp.top_logprobs))
+        ranks = {t: r for r, (t, _) in enumerate(tops, 1)}
+        entry = {str(token): {"logprob": _logprob(lp.logprob), "rank": ranks.get(token),
+                              "decoded_token": words.string(token)}}
+        for r, (t, v) in enumerate(tops, 1):
+            entry.setdefault(str(t), {"logprob": _logprob(v), "rank": r, "decoded_token": words.string(t)})
+        out.append(entry)
+    return out

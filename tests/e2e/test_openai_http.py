@@ -11,7 +11,7 @@ import pytest
 
 openai = pytest.importorskip("openai")  # a test extra (pyproject.toml); the GPU machine lacks it
 
-from pdserve.client import Client  # noqa: E402
+from pdserve.client import Client, build_request  # noqa: E402
 from pdserve.launch import Stack, free_port  # noqa: E402
 from pdtest.stack import assert_no_leaks  # noqa: E402
 
@@ -89,6 +89,10 @@ def test_chat_whole(client):
     ({"presence_penalty": 2.5}, "presence_penalty"), ({"frequency_penalty": -3}, "frequency_penalty"),
     ({"repetition_penalty": 0}, "repetition_penalty"), ({"min_p": 1.5}, "min_p"),
     ({"logit_bias": {"1000000": 5}}, "logit_bias"), ({"logit_bias": {"5": 101}}, "logit_bias"),
+    ({"echo": True}, "echo"), ({"prompt_logprobs": -1}, "prompt_logprobs"),
+    ({"prompt_logprobs": 21}, "prompt_logprobs"), ({"prompt_logprobs": 1.5}, "prompt_logprobs"),
+    ({"prompt_logprobs": True}, "prompt_logprobs"),
+    ({"prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
 ])
 def test_bad_parameter_is_400_naming_it(client, kw, param):
     body = {"model": "", "messages": [{"role": "user", "content": "Hi"}], **kw}
@@ -137,9 +141,113 @@ def test_echo_prepends_the_prompt_whole_and_streamed(client, default_model_dir):
 
     ids = load_tokenizer(default_model_dir)("The sky is")["input_ids"]
     assert client.completions.create(prompt=ids, echo=True, **kw).choices[0].text == "The sky is" + plain
-    with pytest.raises(openai.BadRequestError) as err:
-        client.completions.create(prompt="The sky is", echo=True, logprobs=1, **kw)
-    assert err.value.body["param"] == "echo"
+
+
+@pytest.fixture(scope="module")
+def words(default_model_dir):
+    """(tokenizer, TokenText): how the gateway shows each token."""
+    from gateway.detokenizer import ByteTable
+    from gateway.openai_schema import TokenText
+    from gateway.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(default_model_dir)
+    return tok, TokenText(tok, ByteTable.build(tok))
+
+
+SCORED = "The quick brown fox jumps over the lazy dog"
+
+
+def _grpc_prompt_logprobs(stack, ids: list[int], n: int):
+    """The gRPC API's first chunk for ids with prompt_logprobs=n (prompt_logprobs: one per token after the first)."""
+    with Client(stack.gateway) as g:
+        chunks = [m.chunk for m in g.stream(build_request(token_ids=ids, max_tokens=1, temperature=0.0,
+                                                          prompt_logprobs=n), timeout=60) if m.HasField("chunk")]
+    assert list(chunks[0].prompt_token_ids) == ids and len(chunks[0].prompt_logprobs) == len(ids) - 1
+    return chunks[0]
+
+
+def test_echo_with_logprobs_scores_the_prompt_as_the_grpc_api(http, client, words):
+    """lm-evaluation-harness's loglikelihood request (local-completions): the choice's logprobs
+    start with the prompt's tokens, the first one's null, the others' equal the gRPC API's prompt
+    logprobs; then the generated token's, as without echo. Whole == streamed; a text prompt too."""
+    stack, _ = http
+    tok, text = words
+    ids = tok(SCORED)["input_ids"]
+    body = dict(model="", max_tokens=1, temperature=0, logprobs=2, echo=True, seed=1234)
+    r = client.completions.create(prompt=ids, **body)
+    c, lp = r.choices[0], r.choices[0].logprobs
+    plain = client.completions.create(model="", prompt=ids, max_tokens=1, temperature=0, logprobs=2).choices[0]
+    assert c.text == tok.decode(ids) + plain.text and c.text.startswith(SCORED)
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == len(ids) + 1
+    assert lp.tokens == [text.string(t) for t in ids] + plain.logprobs.tokens
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(len(top) == 2 for top in lp.top_logprobs[1:])
+    first = _grpc_prompt_logprobs(stack, ids, 2)
+    assert lp.token_logprobs[1:-1] == pytest.approx([e.logprob for e in first.prompt_logprobs], abs=1e-5)
+    for top, e in zip(lp.top_logprobs[1:-1], first.prompt_logprobs):
+        assert list(top) == [text.string(t) for t in e.top_token_ids]
+        assert list(top.values()) == pytest.approx(list(e.top_logprobs), abs=1e-5)
+    assert lp.token_logprobs[-1] == pytest.approx(plain.logprobs.token_logprobs[0], abs=1e-5)
+    assert lp.top_logprobs[-1] == pytest.approx(plain.logprobs.top_logprobs[0], abs=1e-5)
+    assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[-1] == len(tok.decode(ids))
+    assert all(c.text[o:].startswith(t) for o, t in zip(lp.text_offset, lp.tokens))
+    ctxlen = 4  # as the harness reads it: the continuation's logprob, and whether greedy picks each of its tokens
+    want = first.prompt_logprobs[ctxlen - 1:]
+    assert sum(lp.token_logprobs[ctxlen:-1]) == pytest.approx(sum(e.logprob for e in want), abs=1e-4)
+    assert [t == max(top.values()) for t, top in zip(lp.token_logprobs[ctxlen:-1], lp.top_logprobs[ctxlen:-1])] == [
+        e.top_token_ids[0] == t for e, t in zip(want, ids[ctxlen:])]
+
+    events = [e.choices[0] for e in client.completions.create(prompt=ids, stream=True, **body) if e.choices]
+    assert events[0].text == tok.decode(ids) and events[0].logprobs.tokens == lp.tokens[:len(ids)]
+    assert "".join(e.text for e in events) == c.text
+    parts = [e.logprobs for e in events if e.logprobs is not None]
+    for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+        assert [x for p in parts for x in getattr(p, key)] == getattr(lp, key), key
+
+    by_text = client.completions.create(prompt=SCORED, **body).choices[0]
+    assert by_text.text == c.text and by_text.logprobs.tokens == lp.tokens
+    assert by_text.logprobs.text_offset == lp.text_offset
+    assert by_text.logprobs.token_logprobs[1:] == pytest.approx(lp.token_logprobs[1:], abs=1e-5)
+    batch = client.completions.create(prompt=[ids[:3], ids], **body).choices  # the harness batches prompts
+    assert [len(b.logprobs.tokens) for b in batch] == [4, len(ids) + 1]
+    assert batch[1].logprobs.token_logprobs[1:] == pytest.approx(lp.token_logprobs[1:], abs=1e-5)
+    assert batch[0].logprobs.token_logprobs[1:3] == pytest.approx(lp.token_logprobs[1:3], abs=1e-5)
+
+
+def test_vllm_prompt_logprobs_extension(http, client, words):
+    """vLLM's prompt_logprobs: [null, {"<id>": {logprob, rank, decoded_token}}, ...] per choice on
+    /v1/completions (the prompt's token first, then the top N ranked 1..N), on the response on chat."""
+    stack, url = http
+    tok, text = words
+    ids = tok(SCORED)["input_ids"]
+    first = _grpc_prompt_logprobs(stack, ids, 3)
+    kw = dict(model="", prompt=ids, max_tokens=2, temperature=0, n=2)
+    raw = client.completions.with_raw_response.create(**kw, extra_body={"prompt_logprobs": 3}).http_response.json()
+    plain = client.completions.create(**kw)
+    assert [c["text"] for c in raw["choices"]] == [c.text for c in plain.choices]
+    assert raw["choices"][0]["prompt_logprobs"] == raw["choices"][1]["prompt_logprobs"]
+    plp = raw["choices"][0]["prompt_logprobs"]
+    assert len(plp) == len(ids) and plp[0] is None and raw["choices"][0]["logprobs"] is None
+    for token, entry, e in zip(ids[1:], plp[1:], first.prompt_logprobs):
+        keys = [str(token)] + [str(t) for t in e.top_token_ids if t != token]
+        assert list(entry) == keys  # the prompt's token first, then the top ones
+        mine = entry[str(token)]
+        assert mine["logprob"] == pytest.approx(e.logprob, abs=1e-5) and mine["decoded_token"] == text.string(token)
+        assert mine["rank"] == (list(e.top_token_ids).index(token) + 1 if token in e.top_token_ids else None)
+        for rank, (t, v) in enumerate(zip(e.top_token_ids, e.top_logprobs), 1):
+            want = {"logprob": pytest.approx(v, abs=1e-5), "rank": rank, "decoded_token": text.string(t)}
+            assert entry[str(t)] == (want if t != token else {**want, "logprob": pytest.approx(e.logprob, abs=1e-5)})
+    assert any(entry[str(t)]["rank"] is None for t, entry in zip(ids[1:], plp[1:]))  # some prompt token is unlikely
+    none = client.completions.with_raw_response.create(**kw).http_response.json()
+    assert "prompt_logprobs" not in none["choices"][0]
+    zero = client.completions.with_raw_response.create(**{**kw, "n": 1}, extra_body={"prompt_logprobs": 0})
+    zero_plp = zero.http_response.json()["choices"][0]["prompt_logprobs"]
+    assert [list(e) for e in zero_plp[1:]] == [[str(t)] for t in ids[1:]]
+    chat = client.chat.completions.with_raw_response.create(
+        model="", messages=[{"role": "user", "content": "Hi"}], max_tokens=2, temperature=0,
+        extra_body={"prompt_logprobs": 1}).http_response.json()
+    assert len(chat["prompt_logprobs"]) == chat["usage"]["prompt_tokens"] and chat["prompt_logprobs"][0] is None
+    assert all(len(e) in (1, 2) for e in chat["prompt_logprobs"][1:]) and "prompt_logprobs" not in chat["choices"][0]
 
 
 def _greedy_and_aligned(tokens: list[str], logprobs: list[float], tops: list[dict[str, float]], width: int) -> None:

@@ -11,7 +11,7 @@ from gateway.errors import GatewayError
 from gateway.generation import UNKNOWN_MODEL
 from gateway.openai_http import error_body
 from gateway.openai_schema import (MAX_CHOICES, ChoiceLogprobs, TokenText, bad, chat_request, completion_requests,
-                                   echo, merge_logprobs, samples)
+                                   echo, merge_logprobs, samples, vllm_prompt_logprobs)
 from gateway.tokenizer import load_tokenizer
 from pdserve.proto import gateway_pb2
 
@@ -20,7 +20,6 @@ CHAT = {"model": "", "messages": [{"role": "user", "content": "Hi"}]}
 
 @pytest.mark.parametrize("name, value", [
     ("response_format", {"type": "json_object"}), ("response_format", {"type": "json_schema", "json_schema": {}}),
-    ("prompt_logprobs", 1),
     ("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "required"),
     ("guided_json", {"type": "object"}), ("guided_choice", ["a", "b"]), ("best_of", 2),
 ])
@@ -43,12 +42,46 @@ def test_values_that_ask_for_nothing_are_accepted(name, value):
     assert req.chat.messages[0].content == "Hi"
 
 
-def test_echo_only_on_completions_and_not_with_logprobs():
+def test_echo_only_on_completions():
     assert echo({"echo": True}, chat=False) and not echo({"echo": False}, chat=False) and not echo({}, chat=True)
-    for body, chat in (({"echo": True}, True), ({"echo": "yes"}, False), ({"echo": True, "logprobs": 0}, False)):
+    assert echo({"echo": True, "logprobs": 0}, chat=False)
+    for body, chat in (({"echo": True}, True), ({"echo": "yes"}, False), ({"echo": True, "logprobs": 1}, True)):
         with pytest.raises(GatewayError) as err:
             echo(body, chat)
         assert err.value.field == "echo"
+
+
+@pytest.mark.parametrize("extra, asked", [
+    ({}, None), ({"echo": True}, None), ({"logprobs": 2}, None), ({"echo": False, "logprobs": 2}, None),
+    ({"echo": True, "logprobs": 2}, 2), ({"echo": True, "logprobs": 0}, 0),  # echo's tokens carry the prompt's
+    ({"prompt_logprobs": 0}, 0), ({"prompt_logprobs": 5}, 5), ({"prompt_logprobs": None}, None),
+    ({"echo": True, "logprobs": 1, "prompt_logprobs": 4}, 4), ({"echo": True, "logprobs": 3, "prompt_logprobs": 1}, 3),
+])
+def test_echo_with_logprobs_and_prompt_logprobs_ask_for_the_prompts(extra, asked):
+    s = completion_requests({"model": "", "prompt": "Hi", **extra})[0].sampling
+    assert s.HasField("prompt_logprobs") == (asked is not None) and s.prompt_logprobs == (asked or 0)
+    chat = chat_request({**CHAT, **{k: v for k, v in extra.items() if k == "prompt_logprobs"}}).sampling
+    assert chat.HasField("prompt_logprobs") == ("prompt_logprobs" in extra and extra["prompt_logprobs"] is not None)
+
+
+@pytest.mark.parametrize("value", [-1, 21, 2**40, 1.5, "2", True, False, [1]])
+def test_bad_prompt_logprobs_are_400_naming_it(value):
+    for build, body in ((chat_request, CHAT), (completion_requests, {"model": "", "prompt": "Hi"})):
+        with pytest.raises(GatewayError) as err:
+            build({**body, "prompt_logprobs": value})
+        status, error = error_body(err.value)
+        assert status == 400 and error["error"]["param"] == "prompt_logprobs"
+        assert error["error"]["message"].startswith("prompt_logprobs: ")
+
+
+def test_prompt_logprobs_are_not_streamed():
+    """As vLLM: a streamed answer has no place for them (echo with logprobs streams, by its own path)."""
+    for build, body in ((chat_request, CHAT), (completion_requests, {"model": "", "prompt": "Hi"})):
+        with pytest.raises(GatewayError) as err:
+            build({**body, "prompt_logprobs": 1, "stream": True})
+        assert err.value.field == "prompt_logprobs" and "stream" in str(err.value)
+    echoed = completion_requests({"prompt": "Hi", "echo": True, "logprobs": 1, "stream": True})[0]
+    assert echoed.sampling.prompt_logprobs == 1
 
 
 def test_penalties_min_p_and_logit_bias_reach_the_sampling_params():
@@ -242,3 +275,54 @@ def test_a_chunk_whose_logprobs_do_not_match_its_tokens_is_an_internal_error(wor
     with pytest.raises(GatewayError) as err:
         _builder(False, text).part(gateway_pb2.Chunk(token_ids=[5, 6], logprobs=[gateway_pb2.TokenLogprobs()]))
     assert err.value.code == grpc.StatusCode.INTERNAL
+
+
+def _first(prompt: list[int], top: list[list[tuple[int, float]]], logprobs: list[float]) -> gateway_pb2.Chunk:
+    """A first chunk carrying made-up prompt logprobs (one entry per prompt token after the first)."""
+    return gateway_pb2.Chunk(prompt_token_ids=prompt, prompt_logprobs=[
+        gateway_pb2.TokenLogprobs(logprob=v, top_token_ids=[t for t, _ in alt], top_logprobs=[x for _, x in alt])
+        for v, alt in zip(logprobs, top)])
+
+
+def test_echoed_prompt_entries_come_first_and_offsets_continue_after_its_text(words):
+    tok, text = words
+    prompt = tok.encode(" Hi 刈 there", add_special_tokens=False) + [2]  # a split character, a special token
+    n = len(prompt)
+    first = _first(prompt, [[(10, -0.125), (11, -0.25), (12, -0.375)]] * (n - 1), [-1.0 - k for k in range(n - 1)])
+    lp = _builder(False, text)  # logprobs=2: the prompt's three alternatives are cut to two
+    shown = tok.decode(prompt)
+    whole = lp.prompt_part(first, shown)
+    assert whole["tokens"] == [text.string(t) for t in prompt]
+    assert whole["token_logprobs"] == [None] + [-1.0 - k for k in range(n - 1)]
+    assert whole["top_logprobs"][0] is None
+    assert whole["top_logprobs"][1:] == [{text.string(10): -0.125, text.string(11): -0.25}] * (n - 1)
+    pieces = [text.piece(t) for t in prompt]
+    assert whole["text_offset"] == [len(b"".join(pieces[:k]).decode(errors="ignore")) for k in range(n)]
+    assert shown.endswith("<|im_end|>") and whole["text_offset"][-1] == len(shown) - len("<|im_end|>")
+    merge_logprobs(whole, lp.part(_chunk([100, 101])))
+    assert whole["text_offset"][n:] == [len(shown), len(shown) + len(text.piece(100).decode())]
+    assert len(whole["tokens"]) == len(whole["token_logprobs"]) == len(whole["top_logprobs"]) == n + 2
+
+
+def test_a_first_chunk_without_the_prompts_logprobs_is_an_internal_error(words):
+    _, text = words
+    for chunk in (gateway_pb2.Chunk(token_ids=[5]), _first([5, 6, 7], [[]], [-1.0])):
+        with pytest.raises(GatewayError) as err:
+            _builder(False, text).prompt_part(chunk, "x")
+        assert err.value.code == grpc.StatusCode.INTERNAL
+        with pytest.raises(GatewayError):
+            vllm_prompt_logprobs(chunk, 2, text)
+
+
+def test_vllm_prompt_logprobs_list_the_actual_token_then_the_top_ones(words):
+    _, text = words
+    first = _first([7, 10, 30, 11], [[(10, -0.5), (20, -1.0), (21, -2.0)], [(20, -0.125), (21, -0.25), (22, -0.375)],
+                                     [(20, -0.5), (11, -0.75), (22, -0.875)]], [-0.5, float("-inf"), -0.75])
+    out = vllm_prompt_logprobs(first, 2, text)
+    entry = lambda t, v, r: (str(t), {"logprob": v, "rank": r, "decoded_token": text.string(t)})  # noqa: E731
+    assert out[0] is None and len(out) == 4
+    assert list(out[1].items()) == [entry(10, -0.5, 1), entry(20, -1.0, 2)]  # the actual token is the top one
+    # not among the top: rank unknown (null); -inf as vLLM writes it
+    assert list(out[2].items()) == [entry(30, -9999.0, None), entry(20, -0.125, 1), entry(21, -0.25, 2)]
+    assert list(out[3].items()) == [entry(11, -0.75, 2), entry(20, -0.5, 1)]
+    assert [len(e) for e in vllm_prompt_logprobs(first, 0, text)[1:]] == [1, 1, 1]
