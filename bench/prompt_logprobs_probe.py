@@ -83,7 +83,14 @@ def main() -> None:
             v, _ = two_stage_topk(x.float(), a.k)
             (v - lse, x.gather(1, targets[:piece, None]).float() - lse)
 
+        def lse_bf16_topk() -> None:  # the top k of the bf16 logits (same order), minus the float lse
+            x = hidden[:piece] @ w.T
+            lse = torch.logsumexp(x.float(), -1, keepdim=True)
+            v, _ = x.topk(a.k, dim=-1)
+            (v.float() - lse, x.gather(1, targets[:piece, None]).float() - lse)
+
         ms[f"piece_current_x{piece}"] = timed(current) * n
+        ms[f"piece_lse_bf16_topk_x{piece}"] = timed(lse_bf16_topk) * n
         ms[f"piece_lse_two_stage_x{piece}"] = timed(lse_variant) * n
         x = lp
         check = two_stage_topk(x, a.k)
