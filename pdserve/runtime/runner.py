@@ -110,9 +110,9 @@ class ModelRunner:
         two-prompt prefill (one behind a cached prefix, one top-p sampled), a decode step (one
         row sampled at temperature alone, one greedy), then top-k/top-p sampling of a batch
         large enough for the nucleus kernel, and penalties on a scratch row of counts (the
-        runner's own are allocated by the first penalized request). Writes KV into the pool's first 9 blocks, so call
-        it before serving; leaves no other trace (the runner's generator is restored). A pool
-        or length too small: no-op."""
+        runner's own are allocated by the first penalized request). Writes KV into the pool's
+        first 9 blocks, so call it before serving; leaves no other trace (the runner's
+        generator is restored). A pool or length too small: no-op."""
         bs = self.block_size
         if self.num_blocks < 9 or self.max_model_len < 4 * bs + 1:
             return
@@ -240,6 +240,10 @@ class ModelRunner:
             lo = hi = 0  # the placeholder: its token is checked where it was sampled
         if lo < 0 or hi >= self.spec.vocab_size:
             raise ValueError(f"{s.request_id}: token id outside the vocabulary")
+        targets = s.prompt_targets
+        if targets and (len(targets) > len(toks) or min(targets) < 0 or max(targets) >= self.spec.vocab_size):
+            raise ValueError(f"{s.request_id}: {len(targets)} prompt targets for {len(toks)} tokens, "
+                             f"or one outside the vocabulary")
 
     def _prepare(self, seqs: tuple[SeqSlice, ...]) -> tuple[torch.Tensor, torch.Tensor, AttnMetadata]:
         """Flat host lists (slot mapping included) -> int32 device tensors in one copy."""

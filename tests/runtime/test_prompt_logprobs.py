@@ -156,3 +156,14 @@ def test_cuda_prompt_logprobs_equal_cpu(tiny_model) -> None:  # noqa: F811 (fixt
             got[name] += r.execute(step).prompt_logprobs["a"]
     assert len(got["cuda"]) == 10
     _close(tuple(got["cuda"]), got["cpu"], tol=1e-3)
+
+
+@pytest.mark.parametrize("targets", [(5, 6, 7, 8), (5, 320), (-1,)])
+def test_runner_refuses_prompt_targets_it_cannot_serve(tiny_model, targets) -> None:  # noqa: F811
+    """More targets than the slice has positions (their rows would be another slice's), or an
+    id outside the vocabulary (an out-of-range gather): ValueError before anything runs."""
+    path = tiny_model("llama")
+    runner = ModelRunner(ModelSpec.from_dir(path), path, num_blocks=8, block_size=4)
+    sl = SeqSlice("a", (3, 4, 5), 0, (0,), SamplingParams(prompt_logprobs=1), prompt_targets=targets)
+    with pytest.raises(ValueError, match="prompt targets"):
+        runner.execute(StepInput((sl,)))
