@@ -231,7 +231,7 @@ def extras_loop_figures(runner: ModelRunner, spec: ModelSpec) -> dict:
     (frequency 0.5, repetition 1.1: counts on the device, each history read on the first step),
     with the Triton penalties kernel and with its torch twin (penalties.KERNEL_PENALTIES off);
     and a 2k-token prefill (one step, result read) plain and asking 5 prompt logprobs."""
-    from pdserve.runtime import penalties, sampler
+    from pdserve.runtime import penalties
 
     def by_batch(**extra) -> dict:
         return {str(b): loop_decode(runner, spec, b, 1024, True, **extra) for b in (1, 256)}
@@ -248,13 +248,6 @@ def extras_loop_figures(runner: ModelRunner, spec: ModelSpec) -> dict:
     run = lambda step: (lambda: runner.execute(step))  # noqa: E731
     res["prefill_2048_ms"] = {name: timed(run(prefill_step(2048, spec.vocab_size, k)), iters=5) * 1000
                               for name, k in (("plain", None), ("prompt_logprobs5", 5))}
-    sampler.TOPK_FROM_LOGITS = True  # the top k picked from the bf16 logits
-    try:
-        res["decode_loop_logprobs5_topk_from_logits_tok_s_by_batch"] = by_batch(logprobs=5)
-        res["prefill_2048_ms"]["prompt_logprobs5_topk_from_logits"] = timed(
-            run(prefill_step(2048, spec.vocab_size, 5)), iters=5) * 1000
-    finally:
-        sampler.TOPK_FROM_LOGITS = False
     return res
 
 

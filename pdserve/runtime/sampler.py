@@ -194,26 +194,16 @@ def queue_logprobs(logits: torch.Tensor, tokens: torch.Tensor, params: Sequence[
     return token_logprobs(sub, picked, rows, ks)
 
 
-# Off: the top k are picked from the float32 log-softmax. On: from the logits in their own dtype
-# (the same order: the log-softmax is the logits shifted per row; bf16 keys halve the bytes and
-# the radix passes of torch.topk) and then read from the log-softmax. Same values; not yet timed
-# on a GPU (bench/prompt_logprobs_probe.py, bench/engine.py --sections extras time both).
-TOPK_FROM_LOGITS = False
-
-
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, rows: list[int], ks: list[int],
                    k: int | None = None) -> QueuedLogprobs:
     """QueuedLogprobs of every row of logits [R, V]: the log-softmax at tokens [R] and the top
     k (default max(ks)) entries. No sync."""
     lp = logits.float().log_softmax(dim=-1)
     k = min(max(ks) if k is None else k, lp.shape[1])  # a vocabulary smaller than asked: all of it
-    if not k:
-        top, top_ids = lp[:, :0], tokens.new_zeros((lp.shape[0], 0), dtype=torch.int64)
-    elif TOPK_FROM_LOGITS:
-        top_ids = logits.topk(k, dim=-1).indices
-        top = lp.gather(1, top_ids)
-    else:
-        top, top_ids = lp.topk(k, dim=-1)
+    # Ranking the bf16 logits instead (same order, half the bytes) timed 0.68x the float top-k
+    # alone on an H100, yet a 2k prompt's 5 prompt logprobs took 74.9 ms against 67.5 through the
+    # runner (bench/results/plp-probe-h100-2026-12-07-s26c.json, engine-extras-h100-2026-12-07-s26c.json).
+    top, top_ids = lp.topk(k, dim=-1) if k else (lp[:, :0], tokens.new_zeros((lp.shape[0], 0), dtype=torch.int64))
     return QueuedLogprobs(rows, ks, lp.gather(1, tokens.view(-1, 1).long()).squeeze(1), top, top_ids)
 
 

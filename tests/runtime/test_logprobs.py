@@ -46,23 +46,6 @@ def test_queue_logprobs_is_the_log_softmax_of_the_asking_rows(asks) -> None:
         assert all(a[1] >= b[1] for a, b in zip(got.top, got.top[1:]))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_top_k_picked_from_the_logits_equal_the_log_softmax_ones(monkeypatch, dtype) -> None:
-    """sampler.TOPK_FROM_LOGITS (the top k ranked on the logits, read from the log-softmax)
-    gives the log-softmax's own top k, values and ids (distinct logits: no ties to order)."""
-    from pdserve.runtime import sampler
-
-    g = torch.Generator().manual_seed(9)
-    logits = torch.stack([torch.randperm(200, generator=g) for _ in range(4)]).to(dtype) / 8  # exact in bf16
-    tokens = torch.randint(0, 200, (4,), generator=g)
-    params = [SamplingParams(logprobs=k) for k in (0, 3, 20, 7)]
-    runs = []
-    for on in (False, True):
-        monkeypatch.setattr(sampler, "TOPK_FROM_LOGITS", on)
-        runs.append(queue_logprobs(logits, tokens, params).entries())
-    assert runs[0] == runs[1] and [len(e.top) for e in runs[1]] == [0, 3, 20, 7]
-
-
 def test_more_alternatives_than_the_vocabulary_lists_them_all() -> None:
     logits = torch.randn(2, 6)
     entries = queue_logprobs(logits, torch.tensor([1, 2]), [SamplingParams(logprobs=20)] * 2).entries()
