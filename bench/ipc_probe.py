@@ -8,7 +8,6 @@ block set (odd count) while the engine stream sleeps ~1 s (none may wait for it)
 
 from __future__ import annotations
 
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+from timing import event_ms  # noqa: E402
 from transfer import LLAMA_8B, KvTargetSpec, Peer, make_sender, pool_for  # noqa: E402
 
 from pdserve.kernels.copy_blocks import PoolCopy  # noqa: E402
@@ -270,21 +270,6 @@ def variant_times(runner, step, variants: dict, handles: list, peer: Peer, reps:
     print("hooks of layer 0 / the last layer returned at (ms): " + "  ".join(
         f"{k} {statistics.median(first[k]) * 1e3:.2f} / {statistics.median(v) * 1e3:.2f}"
         for k, v in enqueued.items() if v), flush=True)
-
-
-def event_ms(fn, reps: int = 20) -> float:
-    """Median device milliseconds of fn (CUDA events around each call, after 3 warm-ups)."""
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def copy_variants() -> None:

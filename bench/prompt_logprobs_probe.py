@@ -13,21 +13,7 @@ import json
 import torch
 
 from pdserve.bench.provenance import source_commit
-
-
-def timed(fn, iters: int = 10) -> float:
-    """Median milliseconds of fn (CUDA events)."""
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return sorted(times)[len(times) // 2]
+from timing import event_ms
 
 
 def two_stage_topk(x: torch.Tensor, k: int, chunk: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,16 +47,16 @@ def main() -> None:
     for piece in (256, 1024):
         logits = hidden[:piece] @ w.T
         n = a.tokens / piece  # pieces per prompt
-        ms[f"lm_head_x{piece}"] = timed(lambda: hidden[:piece] @ w.T) * n
-        ms[f"float_x{piece}"] = timed(lambda: logits.float()) * n
+        ms[f"lm_head_x{piece}"] = event_ms(lambda: hidden[:piece] @ w.T) * n
+        ms[f"float_x{piece}"] = event_ms(lambda: logits.float()) * n
         lf = logits.float()
-        ms[f"log_softmax_x{piece}"] = timed(lambda: lf.log_softmax(-1)) * n
+        ms[f"log_softmax_x{piece}"] = event_ms(lambda: lf.log_softmax(-1)) * n
         lp = lf.log_softmax(-1)
-        ms[f"topk_float_x{piece}"] = timed(lambda: lp.topk(a.k, dim=-1)) * n
-        ms[f"topk_bf16_x{piece}"] = timed(lambda: logits.topk(a.k, dim=-1)) * n
-        ms[f"topk_two_stage_x{piece}"] = timed(lambda: two_stage_topk(lp, a.k)) * n
-        ms[f"logsumexp_x{piece}"] = timed(lambda: torch.logsumexp(lf, -1)) * n
-        ms[f"gather_x{piece}"] = timed(lambda: lp.gather(1, targets[:piece, None])) * n
+        ms[f"topk_float_x{piece}"] = event_ms(lambda: lp.topk(a.k, dim=-1)) * n
+        ms[f"topk_bf16_x{piece}"] = event_ms(lambda: logits.topk(a.k, dim=-1)) * n
+        ms[f"topk_two_stage_x{piece}"] = event_ms(lambda: two_stage_topk(lp, a.k)) * n
+        ms[f"logsumexp_x{piece}"] = event_ms(lambda: torch.logsumexp(lf, -1)) * n
+        ms[f"gather_x{piece}"] = event_ms(lambda: lp.gather(1, targets[:piece, None])) * n
 
         def current() -> None:  # runtime.prompt_logprobs' piece: token_logprobs
             x = (hidden[:piece] @ w.T).float().log_softmax(-1)
@@ -89,9 +75,9 @@ def main() -> None:
             v, _ = x.topk(a.k, dim=-1)
             (v.float() - lse, x.gather(1, targets[:piece, None]).float() - lse)
 
-        ms[f"piece_current_x{piece}"] = timed(current) * n
-        ms[f"piece_lse_bf16_topk_x{piece}"] = timed(lse_bf16_topk) * n
-        ms[f"piece_lse_two_stage_x{piece}"] = timed(lse_variant) * n
+        ms[f"piece_current_x{piece}"] = event_ms(current) * n
+        ms[f"piece_lse_bf16_topk_x{piece}"] = event_ms(lse_bf16_topk) * n
+        ms[f"piece_lse_two_stage_x{piece}"] = event_ms(lse_variant) * n
         x = lp
         check = two_stage_topk(x, a.k)
         ref = x.topk(a.k, dim=-1)
