@@ -193,6 +193,8 @@ def _public_logprobs(lp, out: gateway_pb2.TokenLogprobs) -> None:
     out.logprob = lp.logprob
     out.top_token_ids.extend(lp.top_token_ids)
     out.top_logprobs.extend(lp.top_logprobs)
+    if lp.HasField("rank"):
+        out.rank = lp.rank
 
 
 def _public_field(kind: str | None, field: str) -> str:

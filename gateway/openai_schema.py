@@ -423,17 +423,17 @@ def vllm_prompt_logprobs(chunk: gateway_pb2.Chunk, width: int, words: TokenText)
     then per position {"<token id>": {"logprob", "rank", "decoded_token"}} for the prompt's actual
     token (first) and the `width` most likely tokens (rank 1..width, most likely first).
 
-    vLLM gives the actual token its rank in the whole vocabulary; the worker sends only the top
-    `width`, so here the actual token's rank is its place among them when it is one of them (where
-    vLLM overwrites its entry with the top one's, the same), else null: unknown, only known to
-    exceed `width` (never a made-up number). decoded_token is the token's text as the logprobs'
-    tokens show it (TokenText: "bytes:\\x.." for part of a character)."""
+    The actual token's rank is its rank in the whole vocabulary, as vLLM gives it: the workers
+    send it with each prompt entry (TokenLogprobs.rank). Without it (an older worker) it is the
+    token's place among the top `width` when it is one of them, else null (never a made-up
+    number). decoded_token is the token's text as the logprobs' tokens show it (TokenText:
+    "bytes:\\x.." for part of a character)."""
     out: list[dict | None] = [None]
     for token, lp in prompt_entries(chunk)[1:]:
         tops = list(zip(lp.top_token_ids[:width], lp.top_logprobs))
         ranks = {t: r for r, (t, _) in enumerate(tops, 1)}
-        entry = {str(token): {"logprob": _logprob(lp.logprob), "rank": ranks.get(token),
-                              "decoded_token": words.string(token)}}
+        rank = lp.rank if lp.HasField("rank") else ranks.get(token)
+        entry = {str(token): {"logprob": _logprob(lp.logprob), "rank": rank, "decoded_token": words.string(token)}}
         for r, (t, v) in enumerate(tops, 1):
             entry.setdefault(str(t), {"logprob": _logprob(v), "rank": r, "decoded_token": words.string(t)})
         out.append(entry)

@@ -83,6 +83,8 @@ def logprobs_to_wire(lp: TokenLogprobs, out: worker_pb2.WorkerLogprobs) -> None:
     out.logprob = lp.logprob
     out.top_token_ids.extend(t for t, _ in lp.top)
     out.top_logprobs.extend(v for _, v in lp.top)
+    if lp.rank is not None:
+        out.rank = lp.rank
 
 
 def new_server(reuse_port: bool = False) -> grpc.aio.Server:

@@ -98,10 +98,12 @@ class StepInput:
 class TokenLogprobs:
     """A sampled token's log-probability under the model (log-softmax of its logits, before
     temperature, top-k/top-p and suppression) and the `SamplingParams.logprobs` most likely
-    tokens as (id, log-probability), most likely first."""
+    tokens as (id, log-probability), most likely first. `rank`: prompt entries only, the
+    token's rank in the vocabulary (1 + the tokens strictly more likely)."""
 
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
+    rank: int | None = None
 
 
 @dataclass(frozen=True)

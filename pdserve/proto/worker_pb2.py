@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from pdserve.proto import kv_pb2 as pdserve_dot_v1_dot_kv__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17pdserve/v1/worker.proto\x12\npdserve.v1\x1a\x13pdserve/v1/kv.proto\"\xf6\x03\n\x0eWorkerSampling\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x12\x12\n\nmax_tokens\x18\x05 \x01(\r\x12\x12\n\nmin_tokens\x18\x06 \x01(\r\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12\x15\n\x08logprobs\x18\t \x01(\rH\x01\x88\x01\x01\x12\x18\n\x10presence_penalty\x18\n \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x0b \x01(\x02\x12\x1f\n\x12repetition_penalty\x18\x0c \x01(\x02H\x02\x88\x01\x01\x12\r\n\x05min_p\x18\r \x01(\x02\x12=\n\nlogit_bias\x18\x0e \x03(\x0b\x32).pdserve.v1.WorkerSampling.LogitBiasEntry\x12\x1c\n\x0fprompt_logprobs\x18\x0f \x01(\rH\x03\x88\x01\x01\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x07\n\x05_seedB\x0b\n\t_logprobsB\x15\n\x13_repetition_penaltyB\x12\n\x10_prompt_logprobs\"N\n\x0eWorkerLogprobs\x12\x0f\n\x07logprob\x18\x01 \x01(\x02\x12\x15\n\rtop_token_ids\x18\x02 \x03(\r\x12\x14\n\x0ctop_logprobs\x18\x03 \x03(\x02\"\xb6\x01\n\x08KvTarget\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tblock_ids\x18\x02 \x03(\r\x12$\n\x06layout\x18\x03 \x01(\x0b\x32\x14.pdserve.v1.KvLayout\x12\x0f\n\x07\x62\x61\x63kend\x18\x04 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x05 \x01(\t\x12\x10\n\x08lease_ms\x18\x06 \x01(\r\x12\x12\n\nnum_tokens\x18\x07 \x01(\r\x12\x15\n\rcached_tokens\x18\x08 \x01(\r\"R\n\x0eReserveRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nnum_tokens\x18\x02 \x01(\r\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\"\"\n\x0cRenewRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rRenewResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x92\x01\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.WorkerSampling\x12$\n\x06target\x18\x04 \x01(\x0b\x32\x14.pdserve.v1.KvTarget\"\xd0\x01\n\x0fPrefillResponse\x12\x13\n\x0b\x66irst_token\x18\x01 \x01(\r\x12\x10\n\x08kv_bytes\x18\x02 \x01(\x04\x12\x16\n\x0ekv_transfer_ms\x18\x03 \x01(\x01\x12\x15\n\rcached_tokens\x18\x04 \x01(\r\x12\x32\n\x0e\x66irst_logprobs\x18\x05 \x01(\x0b\x32\x1a.pdserve.v1.WorkerLogprobs\x12\x33\n\x0fprompt_logprobs\x18\x06 \x03(\x0b\x32\x1a.pdserve.v1.WorkerLogprobs\"\x97\x01\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12\x13\n\x0b\x66irst_token\x18\x03 \x01(\r\x12,\n\x08sampling\x18\x04 \x01(\x0b\x32\x1a.pdserve.v1.WorkerSampling\x12\x15\n\rsubscriber_id\x18\x05 \x01(\t\"\x81\x01\n\x0cGenerateWork\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.WorkerSampling\x12\x15\n\rsubscriber_id\x18\x04 \x01(\t\"\xc0\x01\n\nTokenBatch\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12(\n\x06\x66inish\x18\x02 \x01(\x0e\x32\x18.pdserve.v1.WorkerFinish\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12,\n\x08logprobs\x18\x04 \x03(\x0b\x32\x1a.pdserve.v1.WorkerLogprobs\x12\x33\n\x0fprompt_logprobs\x18\x05 \x03(\x0b\x32\x1a.pdserve.v1.WorkerLogprobs\")\n\x10SubscribeRequest\x12\x15\n\rsubscriber_id\x18\x01 \x01(\t\"5\n\nStepTokens\x12\'\n\x07\x62\x61tches\x18\x01 \x03(\x0b\x32\x16.pdserve.v1.TokenBatch\"\t\n\x07Started\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x0e\n\x0cStatsRequest\"\xb9\x03\n\x0bWorkerStats\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x13\n\x0b\x66ree_blocks\x18\x02 \x01(\r\x12\x14\n\x0ctotal_blocks\x18\x03 \x01(\r\x12\x0f\n\x07running\x18\x04 \x01(\r\x12\x0f\n\x07waiting\x18\x05 \x01(\r\x12\x15\n\rqueued_tokens\x18\x06 \x01(\r\x12$\n\x06layout\x18\x07 \x01(\x0b\x32\x14.pdserve.v1.KvLayout\x12\r\n\x05model\x18\x08 \x01(\t\x12\x15\n\rmax_model_len\x18\t \x01(\r\x12\x19\n\x11prefix_cache_hits\x18\n \x01(\x04\x12\x13\n\x0bpreemptions\x18\x0b \x01(\x04\x12\x1a\n\x12kv_received_blocks\x18\x0c \x01(\x04\x12\x19\n\x11kv_received_bytes\x18\r \x01(\x04\x12\x14\n\x0c\x65ngine_steps\x18\x14 \x01(\x04\x12\x17\n\x0fspec_num_drafts\x18\x15 \x01(\x04\x12\x19\n\x11spec_draft_tokens\x18\x16 \x01(\x04\x12\x1c\n\x14spec_accepted_tokens\x18\x17 \x01(\x04\x12\x1d\n\x15spec_accepted_per_pos\x18\x18 \x03(\x04*q\n\x0cWorkerFinish\x12\x16\n\x12WORKER_FINISH_NONE\x10\x00\x12\x16\n\x12WORKER_FINISH_STOP\x10\x01\x12\x18\n\x14WORKER_FINISH_LENGTH\x10\x02\x12\x17\n\x13WORKER_FINISH_ABORT\x10\x03\x32\xd0\x01\n\rPrefillWorker\x12\x42\n\x07Prefill\x12\x1a.pdserve.v1.PrefillRequest\x1a\x1b.pdserve.v1.PrefillResponse\x12<\n\x05\x41\x62ort\x12\x18.pdserve.v1.AbortRequest\x1a\x19.pdserve.v1.AbortResponse\x12=\n\x08GetStats\x12\x18.pdserve.v1.StatsRequest\x1a\x17.pdserve.v1.WorkerStats2\xc9\x04\n\x0c\x44\x65\x63odeWorker\x12;\n\x07Reserve\x12\x1a.pdserve.v1.ReserveRequest\x1a\x14.pdserve.v1.KvTarget\x12<\n\x05Renew\x12\x18.pdserve.v1.RenewRequest\x1a\x19.pdserve.v1.RenewResponse\x12=\n\x06\x44\x65\x63ode\x12\x19.pdserve.v1.DecodeRequest\x1a\x16.pdserve.v1.TokenBatch0\x01\x12>\n\x08Generate\x12\x18.pdserve.v1.GenerateWork\x1a\x16.pdserve.v1.TokenBatch0\x01\x12\x43\n\tSubscribe\x12\x1c.pdserve.v1.SubscribeRequest\x1a\x16.pdserve.v1.StepTokens0\x01\x12=\n\x0bStartDecode\x12\x19.pdserve.v1.DecodeRequest\x1a\x13.pdserve.v1.Started\x12>\n\rStartGenerate\x12\x18.pdserve.v1.GenerateWork\x1a\x13.pdserve.v1.Started\x12<\n\x05\x41\x62ort\x12\x18.pdserve.v1.AbortRequest\x1a\x19.pdserve.v1.AbortResponse\x12=\n\x08GetStats\x12\x18.pdserve.v1.StatsRequest\x1a\x17.pdserve.v1.WorkerStatsb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17pdserve/v1/worker.proto\x12\npdserve.v1\x1a\x13pdserve/v1/kv.proto\"\xf6\x03\n\x0eWorkerSampling\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x12\x12\n\nmax_tokens\x18\x05 \x01(\r\x12\x12\n\nmin_tokens\x18\x06 \x01(\r\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12\x15\n\x08logprobs\x18\t \x01(\rH\x01\x88\x01\x01\x12\x18\n\x10presence_penalty\x18\n \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x0b \x01(\x02\x12\x1f\n\x12repetition_penalty\x18\x0c \x01(\x02H\x02\x88\x01\x01\x12\r\n\x05min_p\x18\r \x01(\x02\x12=\n\nlogit_bias\x18\x0e \x03(\x0b\x32).pdserve.v1.WorkerSampling.LogitBiasEntry\x12\x1c\n\x0fprompt_logprobs\x18\x0f \x01(\rH\x03\x88\x01\x01\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x07\n\x05_seedB\x0b\n\t_logprobsB\x15\n\x13_repetition_penaltyB\x12\n\x10_prompt_logprobs\"j\n\x0eWorkerLogprobs\x12\x0f\n\x07logprob\x18\x01 \x01(\x02\x12\x15\n\rtop_token_ids\x18\x02 \x03(\r\x12\x14\n\x0ctop_logprobs\x18\x03 \x03(\x02\x12\x11\n\x04rank\x18\x04 \x01(\rH\x00\x88\x01\x01\x42\x07\n\x05_rank\"\xb6\x01\n\x08KvTarget\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tblock_ids\x18\x02 \x03(\r\x12$\n\x06layout\x18\x03 \x01(\x0b\x32\x14.pdserve.v1.KvLayout\x12\x0f\n\x07\x62\x61\x63kend\x18\x04 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x05 \x01(\t\x12\x10\n\x08lease_ms\x18\x06 \x01(\r\x12\x12\n\nnum_tokens\x18\x07 \x01(\r\x12\x15\n\rcached_tokens\x18\x08 \x01(\r\"R\n\x0eReserveRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nnum_tokens\x18\x02 \x01(\r\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\"\"\n\x0cRenewRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rRenewResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x92\x01\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.WorkerSampling\x12$\n\x06target\x18\x04 \x01(\x0b\x32\x14.pdserve.v1.KvTarget\"\xd0\x01\n\x0fPrefillResponse\x12\x13\n\x0b\x66irst_token\x18\x01 \x01(\r\x12\x10\n\x08kv_bytes\x18\x02 \x01(\x04\x12\x16\n\x0ekv_transfer_ms\x18\x03 \x01(\x01\x12\x15\n\rcached_tokens\x18\x04 \x01(\r\x12\x32\n\x0e\x66irst_logprobs\x18\x05 \x01(\x0b\x32\x1a.pdserve.v1.WorkerLogprobs\x12\x33\n\x0fprompt_logprobs\x18\x06 \x03(\x0b\x32\x1a.pdserve.v1.WorkerLogprobs\"\x97\x01\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12\x13\n\x0b\x66irst_token\x18\x03 \x01(\r\x12,\n\x08sampling\x18\x04 \x01(\x0b\x32\x1a.pdserve.v1.WorkerSampling\x12\x15\n\rsubscriber_id\x18\x05 \x01(\t\"\x81\x01\n\x0cGenerateWork\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.WorkerSampling\x12\x15\n\rsubscriber_id\x18\x04 \x01(\t\"\xc0\x01\n\nTokenBatch\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12(\n\x06\x66inish\x18\x02 \x01(\x0e\x32\x18.pdserve.v1.WorkerFinish\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12,\n\x08logprobs\x18\x04 \x03(\x0b\x32\x1a.pdserve.v1.WorkerLogprobs\x12\x33\n\x0fprompt_logprobs\x18\x05 \x03(\x0b\x32\x1a.pdserve.v1.WorkerLogprobs\")\n\x10SubscribeRequest\x12\x15\n\rsubscriber_id\x18\x01 \x01(\t\"5\n\nStepTokens\x12\'\n\x07\x62\x61tches\x18\x01 \x03(\x0b\x32\x16.pdserve.v1.TokenBatch\"\t\n\x07Started\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x0e\n\x0cStatsRequest\"\xb9\x03\n\x0bWorkerStats\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x13\n\x0b\x66ree_blocks\x18\x02 \x01(\r\x12\x14\n\x0ctotal_blocks\x18\x03 \x01(\r\x12\x0f\n\x07running\x18\x04 \x01(\r\x12\x0f\n\x07waiting\x18\x05 \x01(\r\x12\x15\n\rqueued_tokens\x18\x06 \x01(\r\x12$\n\x06layout\x18\x07 \x01(\x0b\x32\x14.pdserve.v1.KvLayout\x12\r\n\x05model\x18\x08 \x01(\t\x12\x15\n\rmax_model_len\x18\t \x01(\r\x12\x19\n\x11prefix_cache_hits\x18\n \x01(\x04\x12\x13\n\x0bpreemptions\x18\x0b \x01(\x04\x12\x1a\n\x12kv_received_blocks\x18\x0c \x01(\x04\x12\x19\n\x11kv_received_bytes\x18\r \x01(\x04\x12\x14\n\x0c\x65ngine_steps\x18\x14 \x01(\x04\x12\x17\n\x0fspec_num_drafts\x18\x15 \x01(\x04\x12\x19\n\x11spec_draft_tokens\x18\x16 \x01(\x04\x12\x1c\n\x14spec_accepted_tokens\x18\x17 \x01(\x04\x12\x1d\n\x15spec_accepted_per_pos\x18\x18 \x03(\x04*q\n\x0cWorkerFinish\x12\x16\n\x12WORKER_FINISH_NONE\x10\x00\x12\x16\n\x12WORKER_FINISH_STOP\x10\x01\x12\x18\n\x14WORKER_FINISH_LENGTH\x10\x02\x12\x17\n\x13WORKER_FINISH_ABORT\x10\x03\x32\xd0\x01\n\rPrefillWorker\x12\x42\n\x07Prefill\x12\x1a.pdserve.v1.PrefillRequest\x1a\x1b.pdserve.v1.PrefillResponse\x12<\n\x05\x41\x62ort\x12\x18.pdserve.v1.AbortRequest\x1a\x19.pdserve.v1.AbortResponse\x12=\n\x08GetStats\x12\x18.pdserve.v1.StatsRequest\x1a\x17.pdserve.v1.WorkerStats2\xc9\x04\n\x0c\x44\x65\x63odeWorker\x12;\n\x07Reserve\x12\x1a.pdserve.v1.ReserveRequest\x1a\x14.pdserve.v1.KvTarget\x12<\n\x05Renew\x12\x18.pdserve.v1.RenewRequest\x1a\x19.pdserve.v1.RenewResponse\x12=\n\x06\x44\x65\x63ode\x12\x19.pdserve.v1.DecodeRequest\x1a\x16.pdserve.v1.TokenBatch0\x01\x12>\n\x08Generate\x12\x18.pdserve.v1.GenerateWork\x1a\x16.pdserve.v1.TokenBatch0\x01\x12\x43\n\tSubscribe\x12\x1c.pdserve.v1.SubscribeRequest\x1a\x16.pdserve.v1.StepTokens0\x01\x12=\n\x0bStartDecode\x12\x19.pdserve.v1.DecodeRequest\x1a\x13.pdserve.v1.Started\x12>\n\rStartGenerate\x12\x18.pdserve.v1.GenerateWork\x1a\x13.pdserve.v1.Started\x12<\n\x05\x41\x62ort\x12\x18.pdserve.v1.AbortRequest\x1a\x19.pdserve.v1.AbortResponse\x12=\n\x08GetStats\x12\x18.pdserve.v1.StatsRequest\x1a\x17.pdserve.v1.WorkerStatsb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,48 +34,48 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_WORKERSAMPLING_LOGITBIASENTRY']._loaded_options = None
   _globals['_WORKERSAMPLING_LOGITBIASENTRY']._serialized_options = b'8\001'
-  _globals['_WORKERFINISH']._serialized_start=2460
-  _globals['_WORKERFINISH']._serialized_end=2573
+  _globals['_WORKERFINISH']._serialized_start=2488
+  _globals['_WORKERFINISH']._serialized_end=2601
   _globals['_WORKERSAMPLING']._serialized_start=61
   _globals['_WORKERSAMPLING']._serialized_end=563
   _globals['_WORKERSAMPLING_LOGITBIASENTRY']._serialized_start=450
   _globals['_WORKERSAMPLING_LOGITBIASENTRY']._serialized_end=498
   _globals['_WORKERLOGPROBS']._serialized_start=565
-  _globals['_WORKERLOGPROBS']._serialized_end=643
-  _globals['_KVTARGET']._serialized_start=646
-  _globals['_KVTARGET']._serialized_end=828
-  _globals['_RESERVEREQUEST']._serialized_start=830
-  _globals['_RESERVEREQUEST']._serialized_end=912
-  _globals['_RENEWREQUEST']._serialized_start=914
-  _globals['_RENEWREQUEST']._serialized_end=948
-  _globals['_RENEWRESPONSE']._serialized_start=950
-  _globals['_RENEWRESPONSE']._serialized_end=980
-  _globals['_PREFILLREQUEST']._serialized_start=983
-  _globals['_PREFILLREQUEST']._serialized_end=1129
-  _globals['_PREFILLRESPONSE']._serialized_start=1132
-  _globals['_PREFILLRESPONSE']._serialized_end=1340
-  _globals['_DECODEREQUEST']._serialized_start=1343
-  _globals['_DECODEREQUEST']._serialized_end=1494
-  _globals['_GENERATEWORK']._serialized_start=1497
-  _globals['_GENERATEWORK']._serialized_end=1626
-  _globals['_TOKENBATCH']._serialized_start=1629
-  _globals['_TOKENBATCH']._serialized_end=1821
-  _globals['_SUBSCRIBEREQUEST']._serialized_start=1823
-  _globals['_SUBSCRIBEREQUEST']._serialized_end=1864
-  _globals['_STEPTOKENS']._serialized_start=1866
-  _globals['_STEPTOKENS']._serialized_end=1919
-  _globals['_STARTED']._serialized_start=1921
-  _globals['_STARTED']._serialized_end=1930
-  _globals['_ABORTREQUEST']._serialized_start=1932
-  _globals['_ABORTREQUEST']._serialized_end=1966
-  _globals['_ABORTRESPONSE']._serialized_start=1968
-  _globals['_ABORTRESPONSE']._serialized_end=1998
-  _globals['_STATSREQUEST']._serialized_start=2000
-  _globals['_STATSREQUEST']._serialized_end=2014
-  _globals['_WORKERSTATS']._serialized_start=2017
-  _globals['_WORKERSTATS']._serialized_end=2458
-  _globals['_PREFILLWORKER']._serialized_start=2576
-  _globals['_PREFILLWORKER']._serialized_end=2784
-  _globals['_DECODEWORKER']._serialized_start=2787
-  _globals['_DECODEWORKER']._serialized_end=3372
+  _globals['_WORKERLOGPROBS']._serialized_end=671
+  _globals['_KVTARGET']._serialized_start=674
+  _globals['_KVTARGET']._serialized_end=856
+  _globals['_RESERVEREQUEST']._serialized_start=858
+  _globals['_RESERVEREQUEST']._serialized_end=940
+  _globals['_RENEWREQUEST']._serialized_start=942
+  _globals['_RENEWREQUEST']._serialized_end=976
+  _globals['_RENEWRESPONSE']._serialized_start=978
+  _globals['_RENEWRESPONSE']._serialized_end=1008
+  _globals['_PREFILLREQUEST']._serialized_start=1011
+  _globals['_PREFILLREQUEST']._serialized_end=1157
+  _globals['_PREFILLRESPONSE']._serialized_start=1160
+  _globals['_PREFILLRESPONSE']._serialized_end=1368
+  _globals['_DECODEREQUEST']._serialized_start=1371
+  _globals['_DECODEREQUEST']._serialized_end=1522
+  _globals['_GENERATEWORK']._serialized_start=1525
+  _globals['_GENERATEWORK']._serialized_end=1654
+  _globals['_TOKENBATCH']._serialized_start=1657
+  _globals['_TOKENBATCH']._serialized_end=1849
+  _globals['_SUBSCRIBEREQUEST']._serialized_start=1851
+  _globals['_SUBSCRIBEREQUEST']._serialized_end=1892
+  _globals['_STEPTOKENS']._serialized_start=1894
+  _globals['_STEPTOKENS']._serialized_end=1947
+  _globals['_STARTED']._serialized_start=1949
+  _globals['_STARTED']._serialized_end=1958
+  _globals['_ABORTREQUEST']._serialized_start=1960
+  _globals['_ABORTREQUEST']._serialized_end=1994
+  _globals['_ABORTRESPONSE']._serialized_start=1996
+  _globals['_ABORTRESPONSE']._serialized_end=2026
+  _globals['_STATSREQUEST']._serialized_start=2028
+  _globals['_STATSREQUEST']._serialized_end=2042
+  _globals['_WORKERSTATS']._serialized_start=2045
+  _globals['_WORKERSTATS']._serialized_end=2486
+  _globals['_PREFILLWORKER']._serialized_start=2604
+  _globals['_PREFILLWORKER']._serialized_end=2812
+  _globals['_DECODEWORKER']._serialized_start=2815
+  _globals['_DECODEWORKER']._serialized_end=3400
 # @@protoc_insertion_point(module_scope)

@@ -63,8 +63,8 @@ def queue_prompt_logprobs(
     assert hidden.shape[0] == len(targets), f"{hidden.shape[0]} hidden rows for {len(targets)} prompt targets"
     tokens = to_device(targets, hidden.device)
     k = max(ks)
-    pieces = [token_logprobs(compute_logits(hidden[a : a + PIECE_ROWS]), tokens[a : a + PIECE_ROWS], [], [], k)
-              for a in range(0, len(targets), PIECE_ROWS)]
+    pieces = [token_logprobs(compute_logits(hidden[a : a + PIECE_ROWS]), tokens[a : a + PIECE_ROWS], [], [], k,
+                             rank=True) for a in range(0, len(targets), PIECE_ROWS)]
     cat = lambda name: torch.cat([getattr(p, name) for p in pieces])  # noqa: E731
     return QueuedPromptLogprobs(owners, QueuedLogprobs(list(range(len(targets))), ks, cat("chosen"), cat("top"),
-                                                       cat("top_ids")))
+                                                       cat("top_ids"), cat("ranks")))

@@ -159,25 +159,30 @@ class QueuedLogprobs:
     """Log-probabilities of the sampled tokens of some rows, queued on the device.
 
     rows[i] is the index (among the sampled rows) of entry i, which lists ks[i] alternatives;
-    chosen [R] and top [R, K] are float32, top_ids [R, K] int64 (K = max(ks))."""
+    chosen [R] and top [R, K] are float32, top_ids [R, K] int64 (K = max(ks)); ranks [R] int64
+    (the chosen tokens' ranks in the vocabulary) when asked for."""
 
     rows: list[int]
     ks: list[int]
     chosen: torch.Tensor
     top: torch.Tensor
     top_ids: torch.Tensor
+    ranks: torch.Tensor | None = None
 
     def to_host(self) -> QueuedLogprobs:
         """The same, copied by queued copies into pinned host memory (CUDA; read after a sync)."""
         if self.chosen.device.type != "cuda":
             return self
         copy = lambda t: torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)  # noqa: E731
-        return QueuedLogprobs(self.rows, self.ks, copy(self.chosen), copy(self.top), copy(self.top_ids))
+        ranks = copy(self.ranks) if self.ranks is not None else None
+        return QueuedLogprobs(self.rows, self.ks, copy(self.chosen), copy(self.top), copy(self.top_ids), ranks)
 
     def entries(self) -> list[TokenLogprobs]:
         """One TokenLogprobs per row (waits for the device if the tensors are on it)."""
         chosen, top, ids = self.chosen.tolist(), self.top.tolist(), self.top_ids.tolist()
-        return [TokenLogprobs(c, tuple(zip(i[:k], v[:k]))) for c, v, i, k in zip(chosen, top, ids, self.ks)]
+        ranks = self.ranks.tolist() if self.ranks is not None else [None] * len(chosen)
+        return [TokenLogprobs(c, tuple(zip(i[:k], v[:k])), r)
+                for c, v, i, k, r in zip(chosen, top, ids, self.ks, ranks)]
 
 
 def queue_logprobs(logits: torch.Tensor, tokens: torch.Tensor, params: Sequence[SamplingParams]) -> QueuedLogprobs | None:
@@ -195,16 +200,18 @@ def queue_logprobs(logits: torch.Tensor, tokens: torch.Tensor, params: Sequence[
 
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, rows: list[int], ks: list[int],
-                   k: int | None = None) -> QueuedLogprobs:
+                   k: int | None = None, rank: bool = False) -> QueuedLogprobs:
     """QueuedLogprobs of every row of logits [R, V]: the log-softmax at tokens [R] and the top
-    k (default max(ks)) entries. No sync."""
+    k (default max(ks)) entries; with `rank`, each token's rank too (one compare pass). No sync."""
     lp = logits.float().log_softmax(dim=-1)
     k = min(max(ks) if k is None else k, lp.shape[1])  # a vocabulary smaller than asked: all of it
     # Ranking the bf16 logits instead (same order, half the bytes) timed 0.68x the float top-k
     # alone on an H100, yet a 2k prompt's 5 prompt logprobs took 74.9 ms against 67.5 through the
     # runner (bench/results/plp-probe-h100-2026-12-07-s26c.json, engine-extras-h100-2026-12-07-s26c.json).
     top, top_ids = lp.topk(k, dim=-1) if k else (lp[:, :0], tokens.new_zeros((lp.shape[0], 0), dtype=torch.int64))
-    return QueuedLogprobs(rows, ks, lp.gather(1, tokens.view(-1, 1).long()).squeeze(1), top, top_ids)
+    chosen = lp.gather(1, tokens.view(-1, 1).long())
+    ranks = (lp > chosen).sum(dim=-1) + 1 if rank else None
+    return QueuedLogprobs(rows, ks, chosen.squeeze(1), top, top_ids, ranks)
 
 
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:

@@ -326,3 +326,5 @@ def test_vllm_prompt_logprobs_list_the_actual_token_then_the_top_ones(words):
     assert list(out[2].items()) == [entry(30, -9999.0, None), entry(20, -0.125, 1), entry(21, -0.25, 2)]
     assert list(out[3].items()) == [entry(11, -0.75, 2), entry(20, -0.5, 1)]
     assert [len(e) for e in vllm_prompt_logprobs(first, 0, text)[1:]] == [1, 1, 1]
+    first.prompt_logprobs[1].rank = 5000  # the workers' rank in the whole vocabulary wins
+    assert vllm_prompt_logprobs(first, 2, text)[2]["30"]["rank"] == 5000

@@ -24,5 +24,6 @@ def check_prompt_logprobs(chunks, prompt: list[int], want: list, k: int) -> None
     assert not any(c.prompt_logprobs or c.prompt_token_ids for c in rest)
     for lp, w in zip(first.prompt_logprobs, want):
         assert lp.logprob == pytest.approx(w.logprob, abs=1e-4)
+        assert lp.rank == w.rank
         assert len(lp.top_token_ids) == k and list(lp.top_token_ids) == [t for t, _ in w.top]
         assert list(lp.top_logprobs) == pytest.approx([v for _, v in w.top], abs=1e-4)

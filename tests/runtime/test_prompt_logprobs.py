@@ -31,12 +31,14 @@ def _want(hf, prompt: list[int], k: int) -> list[TokenLogprobs]:
     for j in range(1, len(prompt)):
         top = lp[j - 1].topk(k) if k else None
         pairs = () if top is None else tuple(zip(top.indices.tolist(), top.values.tolist()))
-        out.append(TokenLogprobs(lp[j - 1, prompt[j]].item(), pairs))
+        rank = 1 + int((lp[j - 1] > lp[j - 1, prompt[j]]).sum())
+        out.append(TokenLogprobs(lp[j - 1, prompt[j]].item(), pairs, rank))
     return out
 
 
 def _close(got: tuple[TokenLogprobs, ...], want: list[TokenLogprobs], tol: float = 1e-4) -> None:
     assert len(got) == len(want)
+    assert [g.rank for g in got] == [w.rank for w in want] and all(g.rank >= 1 for g in got)
     for g, w in zip(got, want):
         assert g.logprob == pytest.approx(w.logprob, abs=tol)
         assert [t for t, _ in g.top] == [t for t, _ in w.top]
