@@ -59,10 +59,15 @@ class Sequence:
             return tuple(self.prompt_ids[start:end])
         return tuple(self.prompt_ids[start:]) + tuple(self.output_ids[: end - p])
 
+    @property
+    def owes_prompt_logprobs(self) -> bool:
+        """The prompt's logprobs are asked for and not yet delivered (no output token yet)."""
+        return self.params.prompt_logprobs is not None and not self.output_ids
+
     def prompt_targets(self, start: int, end: int) -> tuple[int, ...]:
         """A slice's SeqSlice.prompt_targets: prompt tokens start+1 .. end (at most the last
-        prompt token) while the prompt's logprobs are asked for and not yet delivered."""
-        if self.params.prompt_logprobs is None or self.output_ids:
+        prompt token) while the prompt's logprobs are owed."""
+        if not self.owes_prompt_logprobs:
             return ()
         return tuple(self.prompt_ids[start + 1 : min(end + 1, len(self.prompt_ids))])
 

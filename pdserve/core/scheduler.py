@@ -355,7 +355,7 @@ class Scheduler:
 
     def _reuse_prefix(self, seq: Sequence) -> None:
         hashes = self._hashes.get(seq.request_id)
-        if not hashes or seq.prompt_targets(0, len(seq)):  # prompt logprobs need every position's logits
+        if not hashes or seq.owes_prompt_logprobs:  # prompt logprobs need every position's logits
             return
         # Always recompute at least the last token, so the last cached block is left alone.
         usable = hashes[: cacheable_blocks(len(seq), self.blocks.block_size)]
