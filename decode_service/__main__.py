@@ -54,7 +54,7 @@ async def amain(args: argparse.Namespace) -> None:
 
     kw = {"host": args.advertise_host or args.host, "port": args.kv_nccl_port} if args.kv_transfer == "nccl" else {}
     receiver = make_receiver(args.kv_transfer, built.runner.kv_pool, built.runner.layout, **kw)
-    engine = DecodeEngine(loop, receiver, built.spec.eos_token_ids, args.lease_ms / 1000)
+    engine = DecodeEngine(loop, receiver, built.spec.eos_token_ids, args.lease_ms / 1000, built.guides)
     address = f"{args.host}:{args.port}"
     server = serving.new_server()
     kv_address = f"{args.advertise_host or args.host}:{args.port}"  # where prefill workers send KV

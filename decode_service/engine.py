@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from pdserve.core.request import Sequence, SeqStatus, check_finish
 from pdserve.core.sampling import SamplingParams
+from pdserve.guided import GuideCompiler, make_guide
 from pdserve.runtime.loop import EngineLoop, Sink
 from pdserve.transfer.base import KvReceiver
 
@@ -33,10 +34,12 @@ class Reservation:
 class DecodeEngine:
     """Owns a decode worker's reservations; finished transfers join the running batch."""
 
-    def __init__(self, loop: EngineLoop, receiver: KvReceiver, eos_ids: tuple[int, ...], lease_s: float) -> None:
+    def __init__(self, loop: EngineLoop, receiver: KvReceiver, eos_ids: tuple[int, ...], lease_s: float,
+                 guides: GuideCompiler | None = None) -> None:
         self.loop = loop
         self.receiver = receiver
         self.eos_ids = eos_ids
+        self.guides = guides  # structured output's grammars (None: the model has no tokenizer.json)
         self.lease_s = lease_s
         self._reserved: dict[str, Reservation] = {}
         self.expired_leases = 0
@@ -65,7 +68,10 @@ class DecodeEngine:
         return table[hit:], hit * self.blocks.block_size
 
     def start(self, request_id: str, prompt: list[int], first_token: int, params: SamplingParams, sink: Sink) -> None:
-        """Turn a filled reservation into a running sequence whose next input is first_token."""
+        """Turn a filled reservation into a running sequence whose next input is first_token.
+        ValidationError (naming `guide`, the reservation kept) when params.guide cannot be
+        followed or first_token already leaves it."""
+        guide = make_guide(self.guides, params, (first_token,))
         with self.loop.lock:
             res = self._reserved.get(request_id)
             if res is None:
@@ -84,6 +90,7 @@ class DecodeEngine:
         seq = Sequence(
             request_id, list(prompt), params, self.eos_ids, output_ids=[first_token],
             block_table=res.blocks, num_computed=len(prompt), num_cached=cached, status=SeqStatus.RUNNING,
+            guide=guide,
         )
         if check_finish(seq, self.loop.scheduler.cfg.max_model_len) is not None:
             with self.loop.lock:
@@ -113,7 +120,8 @@ class DecodeEngine:
         with self.loop.lock:
             if request_id in self._reserved or sched.get(request_id) or sched.in_step(request_id):
                 raise ValueError(f"request {request_id} already exists")
-        self.loop.submit(Sequence(request_id, list(prompt), params, self.eos_ids), sink)
+        guide = make_guide(self.guides, params)
+        self.loop.submit(Sequence(request_id, list(prompt), params, self.eos_ids, guide=guide), sink)
 
     def renew(self, request_id: str) -> bool:
         """Push a reservation's deadline a full lease ahead (its prefill is still on the way)."""

@@ -15,6 +15,7 @@ from decode_service.spans import DecodeSpans
 from decode_service.subscriptions import Subscription, add_event
 from pdserve.core.block_manager import NoFreeBlocks
 from pdserve.core.kv_layout import KvLayout
+from pdserve.core.sampling import ValidationError
 from pdserve.proto import worker_pb2, worker_pb2_grpc
 from pdserve.runtime.loop import Sink
 from pdserve.serving import sampling_from_wire
@@ -144,6 +145,8 @@ class DecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
             self.engine.start(request.request_id, list(request.prompt_token_ids), request.first_token, params, sink)
         except ReservationError as e:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        except ValidationError as e:  # the guide
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"sampling.{e}")
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
 
@@ -165,6 +168,8 @@ class DecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"sampling.{e}")
         try:
             self.engine.generate(request.request_id, list(request.prompt_token_ids), params, sink)
+        except ValidationError as e:  # the guide
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"sampling.{e}")
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
 

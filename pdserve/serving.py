@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from pdserve.core.sampling import SamplingParams
+from pdserve.core.sampling import Guide, GuideKind, SamplingParams, ValidationError
 from pdserve.core.step_io import TokenLogprobs
 from pdserve.proto import worker_pb2
 
@@ -53,7 +53,26 @@ def sampling_to_wire(p: SamplingParams) -> worker_pb2.WorkerSampling:
         w.logprobs = p.logprobs
     if p.prompt_logprobs is not None:
         w.prompt_logprobs = p.prompt_logprobs
+    if p.guide is not None:
+        w.guide.kind = _GUIDE_TO_WIRE[p.guide.kind]
+        w.guide.value = p.guide.value
     return w
+
+
+_GUIDE_TO_WIRE = {
+    GuideKind.JSON: worker_pb2.WorkerGuide.KIND_JSON, GuideKind.REGEX: worker_pb2.WorkerGuide.KIND_REGEX,
+    GuideKind.CHOICE: worker_pb2.WorkerGuide.KIND_CHOICE, GuideKind.GRAMMAR: worker_pb2.WorkerGuide.KIND_GRAMMAR,
+}
+_GUIDE_FROM_WIRE = {v: k for k, v in _GUIDE_TO_WIRE.items()}
+
+
+def _guide_from_wire(w: worker_pb2.WorkerSampling) -> Guide | None:
+    if not w.HasField("guide"):
+        return None
+    kind = _GUIDE_FROM_WIRE.get(w.guide.kind)
+    if kind is None:
+        raise ValidationError("guide", f"unknown kind {w.guide.kind}")
+    return Guide(kind, w.guide.value)
 
 
 def sampling_from_wire(w: worker_pb2.WorkerSampling, vocab_size: int | None = None) -> SamplingParams:
@@ -73,6 +92,7 @@ def sampling_from_wire(w: worker_pb2.WorkerSampling, vocab_size: int | None = No
         min_p=w.min_p,
         logit_bias=tuple(sorted(w.logit_bias.items())),
         prompt_logprobs=w.prompt_logprobs if w.HasField("prompt_logprobs") else None,
+        guide=_guide_from_wire(w),
     )
     p.validate(vocab_size)
     return p

@@ -14,6 +14,7 @@ from pdserve.core.block_manager import BlockManager
 from pdserve.core.scheduler import Scheduler, SchedulerConfig
 from pdserve.core.spec_schedule import DraftPlanner
 from pdserve.core.speculative import SpeculativeConfig
+from pdserve.guided import GuideCompiler
 from pdserve.model.prepare import resolve_model
 from pdserve.model.spec import ModelSpec
 from pdserve.runtime.draft_model import DraftModelProposer, check_draft_model
@@ -74,6 +75,7 @@ class Built:
     runner: ModelRunner
     scheduler: Scheduler
     model_name: str
+    guides: GuideCompiler | None = None  # structured output (None: the model has no tokenizer.json)
 
 
 def build(args: argparse.Namespace) -> Built:
@@ -124,7 +126,7 @@ def build(args: argparse.Namespace) -> Built:
     sched = Scheduler(cfg, BlockManager(num_blocks, args.block_size, salt=salt), planner)
     name = args.served_model_name or model_dir.name
     log.info("model %s: %d KV blocks of %d tokens on %s/%s", name, num_blocks, args.block_size, device, dtype)
-    return Built(spec, runner, sched, name)
+    return Built(spec, runner, sched, name, GuideCompiler.for_model(model_dir, spec.eos_token_ids))
 
 
 def _warm_up(runner: ModelRunner, what: str) -> None:

@@ -31,7 +31,7 @@ async def amain(args: argparse.Namespace) -> None:
     if args.kv_transfer == "cuda_ipc" and not built.runner.kv_pool.is_cuda:
         raise SystemExit(f"--kv-transfer cuda_ipc needs the KV pool on CUDA; it is on {built.runner.kv_pool.device}")
     sender = make_sender(args.kv_transfer, built.runner.layout)
-    engine = PrefillEngine(sender, built.spec.eos_token_ids)
+    engine = PrefillEngine(sender, built.spec.eos_token_ids, built.guides)
     # compute-bound steps: nothing to hide, and each step's KV pushes finish before the next
     loop = EngineLoop(built.scheduler, built.runner, hook_for_step=engine.hook_for_step, overlap=False)
     engine.attach(loop)

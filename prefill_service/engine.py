@@ -10,6 +10,7 @@ import time
 from pdserve.core.request import Finish, Sequence
 from pdserve.core.scheduler import TokenEvent
 from pdserve.core.sampling import SamplingParams
+from pdserve.guided import GuideCompiler, make_guide
 from pdserve.core.step_io import StepInput
 from pdserve.runtime.loop import EngineLoop, LayerHook
 from pdserve.runtime.step_trace import StepTracer
@@ -27,9 +28,10 @@ class PrefillAborted(RuntimeError):
 class PrefillEngine:
     """Runs prompts through the shared engine loop and ships their KV to the decode side."""
 
-    def __init__(self, sender: KvSender, eos_ids: tuple[int, ...]) -> None:
+    def __init__(self, sender: KvSender, eos_ids: tuple[int, ...], guides: GuideCompiler | None = None) -> None:
         self.sender = sender
         self.eos_ids = eos_ids
+        self.guides = guides  # structured output's grammars (None: the model has no tokenizer.json)
         self.loop: EngineLoop | None = None
         self._handles: dict[str, SendHandle] = {}
         self._pushing: set[str] = set()  # requests whose first slice was scheduled
@@ -78,13 +80,15 @@ class PrefillEngine:
         return (the handle is sealed; the receiver's ack is awaited off this path: _settle).
 
         The decode side already holds the first `remote_cached_tokens` (whole blocks) of the
-        prompt: target.block_ids are the blocks after them, and only those are sent."""
+        prompt: target.block_ids are the blocks after them, and only those are sent.
+        ValidationError (naming `guide`) before anything starts when params.guide cannot be followed."""
+        guide = make_guide(self.guides, params)
         t_start = time.time_ns()
         handle = await asyncio.to_thread(self.sender.start, target, self.loop.runner.kv_pool)
         self._skip[request_id] = remote_cached_tokens // self.loop.scheduler.blocks.block_size
         self._handles[request_id] = handle
         stream = EventStream()
-        seq = Sequence(request_id, list(prompt), dataclasses.replace(params, max_tokens=1), self.eos_ids)
+        seq = Sequence(request_id, list(prompt), dataclasses.replace(params, max_tokens=1), self.eos_ids, guide=guide)
         done = False
         try:
             self.loop.submit(seq, stream.sink)

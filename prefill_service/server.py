@@ -8,6 +8,7 @@ import grpc
 
 from pdserve.core.block_manager import cacheable_blocks
 from pdserve.core.kv_layout import KvLayout
+from pdserve.core.sampling import ValidationError
 from pdserve.proto import worker_pb2, worker_pb2_grpc
 from pdserve.metrics import WorkerMetrics
 from pdserve.serving import logprobs_to_wire, sampling_from_wire
@@ -52,6 +53,8 @@ class PrefillServicer(worker_pb2_grpc.PrefillWorkerServicer):
             await context.abort(code, f"KV transfer failed: {e}")
         except PrefillAborted as e:
             await context.abort(grpc.StatusCode.ABORTED, str(e))
+        except ValidationError as e:  # the guide: refused before anything started
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"sampling.{e}")
         resp = worker_pb2.PrefillResponse(
             first_token=first.token, kv_bytes=stats.bytes, kv_transfer_ms=stats.seconds * 1000, cached_tokens=cached
         )

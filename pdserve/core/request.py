@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from pdserve.core.sampling import SamplingParams
 from pdserve.core.step_io import TokenLogprobs
@@ -21,13 +22,27 @@ class Finish(enum.Enum):
     ABORT = "abort"
 
 
+class TokenGuide(Protocol):
+    """A structured-output request's grammar state (pdserve.guided.LLGuide makes them)."""
+
+    def allowed(self) -> bytes:
+        """The tokens that may come next: bit t % 8 of byte t // 8 is set where token t may."""
+        ...
+
+    def accept(self, token: int) -> bool:
+        """Advance past a generated token; False: it leaves the language (the guide is then
+        broken and allows nothing more)."""
+        ...
+
+
 @dataclass(eq=False)
 class Sequence:
     """Tokens, cache blocks and progress of one request.
 
     `num_computed` tokens have their KV in `block_table`; the next step computes from there.
     `prompt_logprobs` gathers the prompt's logprobs (params.prompt_logprobs) chunk by chunk
-    until the first output token carries them.
+    until the first output token carries them. `guide` (structured output) has accepted
+    every token of `output_ids`.
     """
 
     request_id: str
@@ -42,6 +57,7 @@ class Sequence:
     finish: Finish | None = None
     arrival: int = 0
     prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)
+    guide: TokenGuide | None = None
 
     @property
     def token_ids(self) -> list[int]:

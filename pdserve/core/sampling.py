@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import enum
+import json
 import math
 from dataclasses import dataclass
 
 MAX_LOGPROBS = 20  # most alternatives a token's logprobs may list (vLLM's default cap, OpenAI chat's)
 MAX_LOGIT_BIAS = 1024  # most biased tokens per request (each step uploads them again)
+MAX_GUIDE_CHARS = 64 << 10  # longest schema, regex, choice list or grammar a request may carry
 
 
 class ValidationError(ValueError):
@@ -15,6 +18,44 @@ class ValidationError(ValueError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
+
+
+class GuideKind(enum.Enum):
+    JSON = "json"  # value: a JSON schema (JSON text)
+    REGEX = "regex"  # value: a regular expression the whole output matches
+    CHOICE = "choice"  # value: a JSON array of strings, the output being one of them
+    GRAMMAR = "grammar"  # value: a Lark grammar (llguidance's dialect)
+
+
+@dataclass(frozen=True)
+class Guide:
+    """What the generated text must spell (structured output): the worker turns it into a
+    grammar and masks, at every sampled position, the tokens that would leave its language."""
+
+    kind: GuideKind
+    value: str
+
+    def validate(self) -> None:
+        """The checks that need no tokenizer (pdserve.guided compiles the rest); ValidationError."""
+        if not self.value:
+            raise ValidationError("guide", f"the {self.kind.value} is empty")
+        if len(self.value) > MAX_GUIDE_CHARS:
+            raise ValidationError("guide", f"the {self.kind.value} has {len(self.value)} characters, "
+                                  f"at most {MAX_GUIDE_CHARS}")
+        if self.kind is GuideKind.JSON:
+            try:
+                schema = json.loads(self.value)
+            except ValueError as e:
+                raise ValidationError("guide", f"the JSON schema does not parse: {e}") from None
+            if not isinstance(schema, (dict, bool)):
+                raise ValidationError("guide", "the JSON schema must be an object")
+        elif self.kind is GuideKind.CHOICE:
+            try:
+                choices = json.loads(self.value)
+            except ValueError as e:
+                raise ValidationError("guide", f"the choices do not parse as a JSON array: {e}") from None
+            if not (isinstance(choices, list) and choices and all(isinstance(c, str) and c for c in choices)):
+                raise ValidationError("guide", "the choices must be a non-empty list of non-empty strings")
 
 
 @dataclass(frozen=True)
@@ -42,6 +83,8 @@ class SamplingParams:
     # None: none; n >= 0: each prompt token's log-probability given the tokens before it (the
     # first token has none) and the n most likely tokens' there (vLLM's prompt_logprobs)
     prompt_logprobs: int | None = None
+    # None: free text; else the output follows it (structured output)
+    guide: Guide | None = None
 
     @property
     def greedy(self) -> bool:
@@ -93,6 +136,10 @@ class SamplingParams:
             v = getattr(self, name)
             if v is not None and not 0 <= v <= MAX_LOGPROBS:
                 raise ValidationError(name, f"must be in [0, {MAX_LOGPROBS}], got {v}")
+        if self.guide is not None:
+            self.guide.validate()
+            if self.min_tokens:  # EOS may be all a complete output allows
+                raise ValidationError("min_tokens", "cannot be combined with structured output")
 
 
 def validate_prompt(

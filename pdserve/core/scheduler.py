@@ -15,6 +15,7 @@ step's token for it is dropped.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections import deque
 from dataclasses import dataclass
 
@@ -22,6 +23,8 @@ from pdserve.core.block_manager import BlockManager, cacheable_blocks
 from pdserve.core.request import Finish, Sequence, SeqStatus, check_finish
 from pdserve.core.spec_schedule import DraftPlanner
 from pdserve.core.step_io import PLACEHOLDER, History, SeqSlice, StepInput, StepOutput, TokenLogprobs
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,7 @@ class Scheduler:
         self._last = StepInput(())  # the step scheduled last
         self._free_later: list[int] = []  # blocks a step in flight still writes: freed by the next update
         self._aborted: set[str] = set()
+        self._guided = 0  # sequences with a guide (structured output) not yet finished
         self._arrivals = 0
         self.preemptions = 0
         self.prefix_hit_tokens = 0
@@ -85,6 +89,8 @@ class Scheduler:
             raise ValueError(f"duplicate request id {seq.request_id}")
         self._arrivals += 1
         seq.arrival = self._arrivals
+        if seq.guide is not None:
+            self._guided += 1
         self._by_id[seq.request_id] = seq
         if self.cfg.enable_prefix_caching:
             self._hashes[seq.request_id] = hashes = self.blocks.hashes(seq.prompt_ids)
@@ -164,6 +170,8 @@ class Scheduler:
                 seq.suppressed() if params.min_tokens else (),
                 len(drafts),
             )
+            if seq.guide is not None:
+                sl.allowed = seq.guide.allowed()
             append(with_history(sl, seq) if params.penalized else sl)
             budget -= 1 + len(drafts)
         while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
@@ -187,9 +195,10 @@ class Scheduler:
         sequence decoding one more token. A sequence that step samples for decodes its unknown
         token as a placeholder (SeqSlice.prev_row); one certain to end there by length is left
         out. None, with nothing changed but tables grown, when the next step needs more:
-        waiting requests, drafts, a preemption, or no single step in flight."""
+        waiting requests, drafts, a preemption, no single step in flight, or a running sequence
+        with a guide (its mask needs the token on the way)."""
         running = self.running
-        if (len(self._inflight) != 1 or self.waiting or self.spec is not None
+        if (len(self._inflight) != 1 or self.waiting or self.spec is not None or self._guided
                 or len(running) > self.cfg.max_num_batched_tokens):
             return None
         rows, r = {}, 0
@@ -261,6 +270,9 @@ class Scheduler:
             token = sampled[rid]
             seq.output_ids.append(token)
             finish = check_finish(seq, max_len)
+            if seq.guide is not None and not seq.guide.accept(token) and finish is None:
+                log.error("%s: token %d leaves its structured output's language; aborted", rid, token)
+                finish = Finish.ABORT
             event = TokenEvent(rid, token, finish, out.logprobs.get(rid) if out.logprobs else None)
             if seq.params.prompt_logprobs is not None and len(seq.output_ids) == 1:
                 event.prompt_logprobs, seq.prompt_logprobs = tuple(seq.prompt_logprobs), []
@@ -310,6 +322,7 @@ class Scheduler:
             sample=end == len(seq),
             suppress_token_ids=seq.suppressed(),
             prompt_targets=seq.prompt_targets(start, end),
+            allowed=seq.guide.allowed() if seq.guide is not None and end == len(seq) else None,
         )
         return with_history(sl, seq) if seq.params.penalized else sl
 
@@ -386,7 +399,8 @@ class Scheduler:
         else:
             self.blocks.free(seq.block_table)
         seq.block_table = []
-        self._by_id.pop(seq.request_id, None)
+        if self._by_id.pop(seq.request_id, None) is not None and seq.guide is not None:
+            self._guided -= 1
         self._hashes.pop(seq.request_id, None)
         self._registered.pop(seq.request_id, None)
         self._unregistered.discard(seq.request_id)

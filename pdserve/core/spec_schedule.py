@@ -27,6 +27,8 @@ def draft_limit(seq: Sequence, k: int, max_model_len: int) -> int:
     n_out, p = len(seq.output_ids), seq.params
     if p.logprobs is not None or p.penalized or p.logit_bias:  # verify steps report no logprobs, apply neither
         return 0
+    if seq.guide is not None:  # a draft's mask would need the grammar run ahead over the drafts
+        return 0
     limit = min(k, p.max_tokens - n_out - 1, max_model_len - len(seq) - 1)
     if n_out < p.min_tokens:  # stay below the boundary: suppression is uniform over the slice
         limit = min(limit, p.min_tokens - n_out - 1)

@@ -60,6 +60,10 @@ class SeqSlice:
     the runner reports each one's log-probability from the logits of the position before it
     (StepOutput.prompt_logprobs). Empty for every other slice.
 
+    `allowed` (structured output, sampled slices only): the tokens the sampled position may
+    take, as TokenGuide.allowed gives them (bit t % 8 of byte t // 8; tokens past its end
+    may not); the runner masks the rest. None: any token.
+
     A slice whose params are `penalized` carries `history`, a view of the sequence's tokens at
     positions 0 .. start_pos - 1: with its own token_ids (a placeholder read on the device) they
     are what the penalties count. Other slices carry None.
@@ -79,6 +83,7 @@ class SeqSlice:
     prev_row: int = -1
     history: History | None = None
     prompt_targets: tuple[int, ...] = ()
+    allowed: bytes | None = None
 
     @property
     def end_pos(self) -> int:

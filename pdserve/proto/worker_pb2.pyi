@@ -20,7 +20,7 @@ WORKER_FINISH_LENGTH: WorkerFinish
 WORKER_FINISH_ABORT: WorkerFinish
 
 class WorkerSampling(_message.Message):
-    __slots__ = ("temperature", "top_p", "top_k", "seed", "max_tokens", "min_tokens", "stop_token_ids", "ignore_eos", "logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "logit_bias", "prompt_logprobs")
+    __slots__ = ("temperature", "top_p", "top_k", "seed", "max_tokens", "min_tokens", "stop_token_ids", "ignore_eos", "logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "logit_bias", "prompt_logprobs", "guide")
     class LogitBiasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -43,6 +43,7 @@ class WorkerSampling(_message.Message):
     MIN_P_FIELD_NUMBER: _ClassVar[int]
     LOGIT_BIAS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    GUIDE_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_p: float
     top_k: int
@@ -58,7 +59,28 @@ class WorkerSampling(_message.Message):
     min_p: float
     logit_bias: _containers.ScalarMap[int, float]
     prompt_logprobs: int
-    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., max_tokens: _Optional[int] = ..., min_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., logprobs: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., min_p: _Optional[float] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., prompt_logprobs: _Optional[int] = ...) -> None: ...
+    guide: WorkerGuide
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., max_tokens: _Optional[int] = ..., min_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., logprobs: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., min_p: _Optional[float] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., prompt_logprobs: _Optional[int] = ..., guide: _Optional[_Union[WorkerGuide, _Mapping]] = ...) -> None: ...
+
+class WorkerGuide(_message.Message):
+    __slots__ = ("kind", "value")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        KIND_UNSPECIFIED: _ClassVar[WorkerGuide.Kind]
+        KIND_JSON: _ClassVar[WorkerGuide.Kind]
+        KIND_REGEX: _ClassVar[WorkerGuide.Kind]
+        KIND_CHOICE: _ClassVar[WorkerGuide.Kind]
+        KIND_GRAMMAR: _ClassVar[WorkerGuide.Kind]
+    KIND_UNSPECIFIED: WorkerGuide.Kind
+    KIND_JSON: WorkerGuide.Kind
+    KIND_REGEX: WorkerGuide.Kind
+    KIND_CHOICE: WorkerGuide.Kind
+    KIND_GRAMMAR: WorkerGuide.Kind
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    kind: WorkerGuide.Kind
+    value: str
+    def __init__(self, kind: _Optional[_Union[WorkerGuide.Kind, str]] = ..., value: _Optional[str] = ...) -> None: ...
 
 class WorkerLogprobs(_message.Message):
     __slots__ = ("logprob", "top_token_ids", "top_logprobs", "rank")

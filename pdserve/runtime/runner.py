@@ -161,7 +161,7 @@ class ModelRunner:
         params = [s.sampling for s in sampled]
         tokens = sample_on_device(
             process(logits, sampled, self.prev_tokens, self.penalty_counts), params, [s.end_pos for s in sampled],
-            [s.suppress_token_ids for s in sampled], self.generator,
+            [s.suppress_token_ids for s in sampled], self.generator, [s.allowed for s in sampled],
         )
         logprobs = queue_logprobs(logits, tokens, params)
         n = min(len(ids), self.prev_tokens.numel())

@@ -50,13 +50,17 @@ def sample_on_device(
     positions: Sequence[int],
     suppress: Sequence[Sequence[int]] | None = None,
     generator: torch.Generator | None = None,
+    allowed: Sequence[bytes | None] | None = None,
 ) -> torch.Tensor:
     """One token per row of `logits` [B, V], as an int64 tensor on its device (no host sync).
 
     positions[b] is the position the sampled token will take (SeqSlice.end_pos); it keys
-    seeded draws. suppress[b] are ids masked to -inf first. Unseeded non-greedy rows draw
-    from `generator` (the runner's). Greedy means temperature 0 or top_k 1.
+    seeded draws. suppress[b] are ids masked to -inf first; allowed[b] (structured output,
+    SeqSlice.allowed) a bitmask of the only ids that may be drawn. Unseeded non-greedy rows
+    draw from `generator` (the runner's). Greedy means temperature 0 or top_k 1.
     """
+    if allowed is not None and any(a is not None for a in allowed):
+        logits = mask_disallowed(logits, allowed)
     if all(p.greedy for p in params) and not (suppress and any(suppress)):
         return argmax_rows(logits)  # in the logits' dtype: upcasting changes no order
     dev = logits.device
@@ -82,6 +86,29 @@ def sample_on_device(
         out.index_copy_(0, index, draw(logits.index_select(0, index), [params[b] for b in g],
                                        [positions[b] for b in g], generator))
     return out
+
+
+def mask_disallowed(logits: torch.Tensor, allowed: Sequence[bytes | None]) -> torch.Tensor:
+    """A copy of logits [B, V] with -inf where allowed[b] (a bitmask: bit t % 8 of byte t // 8
+    for token t; ids past its end count as unset) does not allow the token; None rows are
+    left whole. The masks go up in one queued copy (no sync)."""
+    rows = [b for b, a in enumerate(allowed) if a is not None]
+    n, v = len(rows), logits.shape[1]
+    width = (v + 7) // 8
+    buf = bytearray(n * width)
+    for i, b in enumerate(rows):
+        m = allowed[b][:width]  # type: ignore[index]
+        buf[i * width : i * width + len(m)] = m
+    dev = logits.device
+    host = torch.frombuffer(buf, dtype=torch.uint8).view(n, width)
+    packed = host.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else host
+    shifts = torch.arange(8, dtype=torch.uint8, device=dev)
+    keep = ((packed[:, :, None] >> shifts) & 1).view(n, width * 8)[:, :v].bool()
+    out = logits.clone()
+    if n == logits.shape[0]:
+        return out.masked_fill_(~keep, float("-inf"))
+    index = to_device(rows, dev)
+    return out.index_copy_(0, index, out.index_select(0, index).masked_fill_(~keep, float("-inf")))
 
 
 Draw = Callable[[torch.Tensor, Sequence[SamplingParams], Sequence[int], "torch.Generator | None"], torch.Tensor]

@@ -51,6 +51,7 @@ def verify_step(
     picked = sample_on_device(  # penalized slices have no drafts (draft_limit): one row each
         process(batch, [sl for sl, _ in per_row], None, counts), params, [pos for _, pos in per_row],
         [sl.suppress_token_ids for sl, _ in per_row], generator,
+        [sl.allowed for sl, _ in per_row],  # guided slices have no drafts (draft_limit): one row each
     )
     queued = queue_logprobs(batch, picked, params)  # rows without drafts only (draft_limit)
     tokens = picked.tolist()

@@ -1,0 +1,119 @@
+"""Structured output: a Guide (core.sampling) -> an llguidance grammar -> each step's token mask.
+
+The gateway compiles a request's guide once to refuse a bad schema, regex or grammar before it
+is dispatched (naming the field); each worker compiles it again to follow it: the prefill
+worker masks the first token, the decode worker replays that token into a fresh matcher and
+masks every later one. Compiled matchers are kept per guide (LRU) and copied per request.
+
+JSON is generated compact and in one form, `{"a": 1, "b": [2, 3]}` (json.dumps' separators, no
+other whitespace): with free whitespace a small model can spend its whole budget on newlines.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import llguidance
+
+from pdserve.core.sampling import Guide, GuideKind, SamplingParams, ValidationError
+
+JSON_OPTIONS = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
+CACHED_GUIDES = 128  # compiled matchers kept per compiler (a new request copies one)
+
+
+def grammar(guide: Guide) -> str:
+    """The llguidance grammar of a guide that passed Guide.validate (not yet compiled)."""
+    if guide.kind is GuideKind.JSON:
+        return llguidance.LLMatcher.grammar_from_json_schema(guide.value, overrides=JSON_OPTIONS)
+    if guide.kind is GuideKind.REGEX:
+        return llguidance.LLMatcher.grammar_from_regex(guide.value)
+    if guide.kind is GuideKind.CHOICE:  # JSON string literals are Lark's too
+        return llguidance.LLMatcher.grammar_from_lark(
+            "start: " + " | ".join(json.dumps(c) for c in json.loads(guide.value)))
+    return llguidance.LLMatcher.grammar_from_lark(guide.value)
+
+
+class LLGuide:
+    """A request's grammar state (core.request.TokenGuide) over an llguidance matcher."""
+
+    def __init__(self, matcher: llguidance.LLMatcher) -> None:
+        self._matcher = matcher
+
+    def allowed(self) -> bytes:
+        return self._matcher.compute_bitmask()
+
+    def accept(self, token: int) -> bool:
+        return self._matcher.consume_token(token)
+
+
+class GuideCompiler:
+    """Compiles guides against one tokenizer; thread-safe."""
+
+    def __init__(self, tokenizer_json: str | Path, eos_ids: Sequence[int]) -> None:
+        eos = list(eos_ids) or None  # llguidance's own guess when the model names none
+        self._tokenizer = llguidance.LLTokenizer(str(tokenizer_json), eos_token=eos)
+        self._compiled: OrderedDict[Guide, llguidance.LLMatcher] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @classmethod
+    def for_model(cls, model_dir: str | Path | None, eos_ids: Sequence[int]) -> GuideCompiler | None:
+        """The compiler of a model folder's tokenizer.json; None when it has none."""
+        path = Path(model_dir) / "tokenizer.json" if model_dir is not None else None
+        return cls(path, eos_ids) if path is not None and path.is_file() else None
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tokenizer.vocab_size
+
+    def check(self, guide: Guide) -> None:
+        """Raise ValidationError("guide", why) if the guide does not compile."""
+        self._template(guide)
+
+    def new(self, guide: Guide, generated: Iterable[int] = ()) -> LLGuide:
+        """A fresh guide state that has accepted `generated` (ValidationError if one breaks it)."""
+        matcher = self._template(guide).deep_copy()
+        for t in generated:
+            if not matcher.consume_token(t):
+                raise ValidationError("guide", f"token {t} already generated leaves the language: "
+                                      f"{matcher.get_error()}")
+        return LLGuide(matcher)
+
+    def _template(self, guide: Guide) -> llguidance.LLMatcher:
+        with self._lock:
+            m = self._compiled.get(guide)
+            if m is not None:
+                self._compiled.move_to_end(guide)
+                return m
+        guide.validate()
+        try:
+            text = grammar(guide)
+        except ValueError as e:
+            raise ValidationError("guide", f"the {guide.kind.value} does not compile: {e}") from None
+        m = llguidance.LLMatcher(self._tokenizer, text, log_level=0)  # compiles, GIL released
+        if m.is_error():
+            raise ValidationError("guide", f"the {guide.kind.value} does not compile: {_first_line(m.get_error())}")
+        with self._lock:
+            self._compiled[guide] = m
+            while len(self._compiled) > CACHED_GUIDES:
+                self._compiled.popitem(last=False)
+        return m
+
+
+def _first_line(error: str) -> str:
+    """llguidance's message without the source excerpt it appends."""
+    return error.strip().splitlines()[0] if error.strip() else "invalid"
+
+
+def make_guide(guides: GuideCompiler | None, params: SamplingParams, generated: Iterable[int] = ()) -> LLGuide | None:
+    """The guide state a worker's Sequence of these params starts with (None: free text);
+    ValidationError naming `guide` when it cannot be followed here."""
+    if params.guide is None:
+        return None
+    if guides is None:
+        raise ValidationError("guide", "structured output needs the model's tokenizer.json, "
+                              "which this worker's model folder lacks")
+    return guides.new(params.guide, generated)
