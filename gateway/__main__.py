@@ -43,6 +43,7 @@ def build(args: argparse.Namespace):
     from gateway.generation import Generation, ModelInfo
     from gateway.router import Router
     from gateway.tokenizer import load_tokenizer
+    from pdserve.guided import GuideCompiler
     from pdserve.model.prepare import resolve_model
     from pdserve.model.spec import ModelSpec
 
@@ -56,7 +57,8 @@ def build(args: argparse.Namespace):
     except ValueError as e:
         raise SystemExit(f"pdserve gateway: {e} (--prefill/--decode or --colocated)")
     router.queue_wait_s = args.queue_wait
-    return Generation(info, load_tokenizer(model_dir), router, Admission(args.max_queued_requests)), router
+    guides = GuideCompiler.for_model(model_dir, spec.eos_token_ids)
+    return Generation(info, load_tokenizer(model_dir), router, Admission(args.max_queued_requests), guides), router
 
 
 async def amain(args: argparse.Namespace) -> None:

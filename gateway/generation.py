@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -22,7 +23,8 @@ from gateway.router import NoWorker, Router
 from gateway.stops import StopChecker
 from gateway.tokenizer import encode_prompt
 from pdserve.core.request import Sequence, check_finish
-from pdserve.core.sampling import SamplingParams, ValidationError, validate_prompt
+from pdserve.core.sampling import Guide, GuideKind, SamplingParams, ValidationError, validate_prompt
+from pdserve.guided import GuideCompiler
 from pdserve.proto import gateway_pb2
 from pdserve.serving import sampling_to_wire
 
@@ -59,8 +61,24 @@ def sampling_from_request(s: gateway_pb2.SamplingParams) -> SamplingParams:
         logprobs=opt("logprobs", None), presence_penalty=opt("presence_penalty", 0.0),
         frequency_penalty=opt("frequency_penalty", 0.0), repetition_penalty=opt("repetition_penalty", 1.0),
         min_p=opt("min_p", 0.0), logit_bias=tuple(sorted(s.logit_bias.items())),
-        prompt_logprobs=opt("prompt_logprobs", None),
+        prompt_logprobs=opt("prompt_logprobs", None), guide=_guide(s.structured_output),
     )
+
+
+def _guide(so: gateway_pb2.StructuredOutput) -> Guide | None:
+    """The Guide a StructuredOutput asks for (None: free text; json_object false is unset)."""
+    kind = so.WhichOneof("kind")
+    if kind == "json_schema":
+        return Guide(GuideKind.JSON, so.json_schema)
+    if kind == "json_object":
+        return Guide(GuideKind.JSON, '{"type": "object"}') if so.json_object else None
+    if kind == "regex":
+        return Guide(GuideKind.REGEX, so.regex)
+    if kind == "choice":
+        return Guide(GuideKind.CHOICE, json.dumps(list(so.choice.choices)))
+    if kind == "grammar":
+        return Guide(GuideKind.GRAMMAR, so.grammar)
+    return None
 
 
 class TextAssembler:
@@ -114,8 +132,10 @@ class TextAssembler:
 class Generation:
     """Validation, admission, flow and detokenization of one request; GatewayError on failure."""
 
-    def __init__(self, model: ModelInfo, tokenizer, router: Router, admission: Admission | None = None) -> None:
+    def __init__(self, model: ModelInfo, tokenizer, router: Router, admission: Admission | None = None,
+                 guides: GuideCompiler | None = None) -> None:
         self.model = model
+        self.guides = guides  # compiles structured output's guides (None: the model has no tokenizer.json)
         self.tokenizer = tokenizer
         self.router = router
         self.admission = admission or Admission()
@@ -129,7 +149,14 @@ class Generation:
         if req.model and req.model != self.model.name:
             raise ValidationError("model", f"{UNKNOWN_MODEL} {req.model!r}; this gateway serves {self.model.name!r}")
         params = sampling_from_request(req.sampling)
-        params.validate(self.model.vocab_size)
+        try:
+            params.validate(self.model.vocab_size)
+            self._check_guide(params)
+        except ValidationError as e:
+            if e.field != "guide":
+                raise
+            where = f"sampling.structured_output.{req.sampling.structured_output.WhichOneof('kind')}"
+            raise ValidationError(where, str(e).split(": ", 1)[-1]) from None
         kind = req.WhichOneof("input")
         try:
             if kind == "text":
@@ -148,6 +175,15 @@ class Generation:
         if any(t >= self.model.vocab_size for t in params.stop_token_ids):
             raise ValidationError("sampling.stop_token_ids", "token id outside the vocabulary")
         return ids, params
+
+    def _check_guide(self, params: SamplingParams) -> None:
+        """Compile the request's guide here, so that a bad one is refused before dispatch."""
+        if params.guide is None:
+            return
+        if self.guides is None:
+            raise ValidationError("guide", "structured output needs the model's tokenizer.json, which "
+                                  "this gateway's model folder lacks")
+        self.guides.check(params.guide)
 
     def _checked(self, request, fill_max_tokens: bool) -> tuple[list[int], SamplingParams]:
         if isinstance(request, BadRequest):

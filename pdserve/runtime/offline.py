@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from pdserve.core.sampling import SamplingParams
 from pdserve.core.step_io import History, SeqSlice, StepInput
+from pdserve.guided import GuideCompiler, make_guide
 from pdserve.runtime.runner import ModelRunner
 
 
@@ -14,12 +15,14 @@ def generate(
     prompts: list[list[int]],
     params: SamplingParams,
     eos_token_ids: Sequence[int] = (),
+    guides: GuideCompiler | None = None,
 ) -> list[list[int]]:
     """Generate for every prompt: one batched prefill step, then batched decode steps.
 
     A sequence ends after max_tokens, or on an EOS id (unless ignore_eos) or a stop token id,
-    which is kept as its last token; before min_tokens those ids are suppressed. Blocks are
-    handed out as disjoint contiguous ranges; ValueError if they do not fit in the pool.
+    which is kept as its last token; before min_tokens those ids are suppressed. With
+    params.guide (compiled by `guides`) every sampled token keeps to it. Blocks are handed out
+    as disjoint contiguous ranges; ValueError if they do not fit in the pool.
     """
     params.validate()
     if not prompts or any(len(p) == 0 for p in prompts):
@@ -31,6 +34,7 @@ def generate(
     stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))
     suppress = tuple(sorted(stops))
     outs: list[list[int]] = [[] for _ in prompts]
+    followed = [make_guide(guides, params) for _ in prompts]
     live = list(range(len(prompts)))
     slices = [
         SeqSlice(str(i), tuple(p), 0, tables[i], params, True, _suppress(outs[i], params, suppress),
@@ -38,9 +42,14 @@ def generate(
         for i, p in enumerate(prompts)
     ]
     while live:
+        for i, sl in zip(live, slices):
+            if followed[i] is not None:
+                sl.allowed = followed[i].allowed()
         sampled = runner.execute(StepInput(tuple(slices))).sampled
         for i in live:
             outs[i].append(sampled[str(i)])
+            if followed[i] is not None and not followed[i].accept(outs[i][-1]):
+                raise RuntimeError(f"prompt {i}: token {outs[i][-1]} leaves the guide")
         live = [i for i in live if len(outs[i]) < params.max_tokens and outs[i][-1] not in stops]
         slices = [_decode(str(i), prompts[i], outs[i], tables[i], params, suppress) for i in live]
     return outs

@@ -1,0 +1,138 @@
+"""Structured output in the scheduler (no torch, no model): each sampled slice carries its
+sequence's guide mask, the guide sees every sampled token, overlap and drafts stay off while a
+guided sequence runs, and a token the guide refuses ends the request."""
+
+from __future__ import annotations
+
+import pytest
+
+from pdserve.core.block_manager import BlockManager
+from pdserve.core.request import Finish, Sequence, SeqStatus
+from pdserve.core.sampling import Guide, GuideKind, SamplingParams, ValidationError
+from pdserve.core.scheduler import Scheduler, SchedulerConfig
+from pdserve.core.spec_schedule import draft_limit
+from pdserve.core.step_io import StepOutput
+
+VOCAB = 64
+
+
+class EvenGuide:
+    """Allows the even tokens below a bound that shrinks by 2 with each token accepted."""
+
+    def __init__(self) -> None:
+        self.accepted: list[int] = []
+
+    def allowed(self) -> bytes:
+        top = max(2, VOCAB - 2 * len(self.accepted))
+        bits = bytearray(VOCAB // 8)
+        for t in range(0, top, 2):
+            bits[t // 8] |= 1 << (t % 8)
+        return bytes(bits)
+
+    def accept(self, token: int) -> bool:
+        if token % 2:
+            return False
+        self.accepted.append(token)
+        return True
+
+
+def allowed_ids(mask: bytes) -> list[int]:
+    return [t for t in range(len(mask) * 8) if mask[t // 8] >> (t % 8) & 1]
+
+
+def make(guided: bool, rid: str = "g", max_tokens: int = 5) -> Sequence:
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    return Sequence(rid, [1, 2, 3], params, eos_ids=(63,), guide=EvenGuide() if guided else None)
+
+
+def scheduler() -> Scheduler:
+    return Scheduler(SchedulerConfig(max_model_len=64), BlockManager(32, 4))
+
+
+def test_each_sampled_slice_carries_the_mask_of_its_guide_state():
+    sched, seq, free = scheduler(), make(True), make(False, "f")
+    sched.add(seq)
+    sched.add(free)
+    for n in range(5):
+        step = sched.schedule()
+        by_id = {sl.request_id: sl for sl in step.seqs}
+        assert by_id["f"].allowed is None
+        assert allowed_ids(by_id["g"].allowed) == list(range(0, max(2, VOCAB - 2 * n), 2))
+        sched.update(step, StepOutput(sampled={"g": 2 * n, "f": 7}))
+    assert seq.guide.accepted == [0, 2, 4, 6, 8] and seq.finish is Finish.LENGTH
+    assert sched._guided == 0 and sched.blocks.num_free == sched.blocks.num_total
+
+
+def test_a_chunked_prompt_gets_a_mask_only_on_its_sampled_chunk():
+    sched = Scheduler(SchedulerConfig(max_model_len=64, max_num_batched_tokens=4), BlockManager(32, 4))
+    seq = Sequence("g", list(range(1, 8)), SamplingParams(temperature=0.0, max_tokens=2), guide=EvenGuide())
+    sched.add(seq)
+    first = sched.schedule()
+    assert not first.seqs[0].sample and first.seqs[0].allowed is None
+    sched.update(first, StepOutput())
+    last = sched.schedule()
+    assert last.seqs[0].sample and allowed_ids(last.seqs[0].allowed)[:2] == [0, 2]
+
+
+def test_no_overlapped_step_while_a_guided_sequence_runs():
+    sched = scheduler()
+    sched.add(make(False, "f", max_tokens=20))
+    first = sched.schedule()
+    assert sched.schedule_next() is not None  # plain sequences overlap
+    sched.update(first, StepOutput(sampled={"f": 7}))
+    sched.update(sched._last, StepOutput(sampled={"f": 7}))
+    sched.add(make(True, "g", max_tokens=1))
+    step = sched.schedule()
+    assert sched.schedule_next() is None  # g's next mask needs the token on the way
+    sched.update(step, StepOutput(sampled={"f": 7, "g": 4}))  # g ends (max_tokens 1)
+    step = sched.schedule()
+    assert [sl.request_id for sl in step.seqs] == ["f"]
+    assert sched.schedule_next() is not None
+
+
+def test_a_token_the_guide_refuses_aborts_the_request_and_leaks_nothing():
+    sched, seq = scheduler(), make(True)
+    sched.add(seq)
+    step = sched.schedule()
+    events = sched.update(step, StepOutput(sampled={"g": 5}))  # odd: EvenGuide refuses it
+    assert [(e.token, e.finish) for e in events] == [(5, Finish.ABORT)]
+    assert sched._guided == 0 and not sched.has_work
+    assert sched.blocks.num_free == sched.blocks.num_total
+
+
+def test_aborting_a_guided_request_releases_it():
+    sched, seq = scheduler(), make(True)
+    sched.add(seq)
+    sched.update(sched.schedule(), StepOutput(sampled={"g": 0}))
+    assert sched.abort("g") and sched._guided == 0
+    assert sched.blocks.num_free == sched.blocks.num_total
+
+
+def test_guided_sequences_get_no_drafts():
+    seq = make(True, max_tokens=20)
+    seq.status, seq.output_ids = SeqStatus.RUNNING, [0]
+    assert draft_limit(seq, 4, 64) == 0
+    assert draft_limit(make(False, max_tokens=20), 4, 64) == 4
+
+
+@pytest.mark.parametrize("guide, why", [
+    (Guide(GuideKind.REGEX, ""), "empty"),
+    (Guide(GuideKind.GRAMMAR, "x" * (64 * 1024 + 1)), "characters"),
+    (Guide(GuideKind.JSON, "{not json"), "does not parse"),
+    (Guide(GuideKind.JSON, "[1, 2]"), "must be an object"),
+    (Guide(GuideKind.CHOICE, "[]"), "non-empty list"),
+    (Guide(GuideKind.CHOICE, '["a", 3]'), "non-empty list"),
+    (Guide(GuideKind.CHOICE, '["a", ""]'), "non-empty list"),
+    (Guide(GuideKind.CHOICE, '"a"'), "non-empty list"),
+])
+def test_bad_guides_are_refused_naming_the_field(guide, why):
+    with pytest.raises(ValidationError, match=why) as err:
+        SamplingParams(guide=guide).validate()
+    assert err.value.field == "guide"
+
+
+def test_min_tokens_cannot_be_combined_with_a_guide():
+    with pytest.raises(ValidationError) as err:
+        SamplingParams(min_tokens=2, guide=Guide(GuideKind.REGEX, "a+")).validate()
+    assert err.value.field == "min_tokens"
+    SamplingParams(guide=Guide(GuideKind.JSON, "{}")).validate()

@@ -1,0 +1,188 @@
+"""Structured output in the runtime: the mask of allowed tokens (against a plain loop), sampling
+inside it, llguidance guides compiled from the default model's tokenizer, and the engine loop
+(overlapped, batched with free-text requests) keeping each guided request to its language."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import threading
+
+import pytest
+import torch
+
+from pdserve.core.block_manager import BlockManager
+from pdserve.core.request import Finish, Sequence
+from pdserve.core.sampling import Guide, GuideKind, SamplingParams, ValidationError
+from pdserve.core.scheduler import Scheduler, SchedulerConfig
+from pdserve.guided import GuideCompiler, make_guide
+from pdserve.runtime.loop import EngineLoop
+from pdserve.runtime.offline import generate
+from pdserve.runtime.sampler import mask_disallowed, sample_on_device
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer"}},
+          "required": ["name", "age"], "additionalProperties": False}
+
+
+def bits(ids: list[int], nbytes: int) -> bytes:
+    out = bytearray(nbytes)
+    for t in ids:
+        out[t // 8] |= 1 << (t % 8)
+    return bytes(out)
+
+
+def test_mask_disallowed_matches_a_plain_loop():
+    rng = random.Random(0)
+    vocab = 37  # not a multiple of 8: the last byte is partly past the vocabulary
+    logits = torch.randn(5, vocab)
+    keep = {0: rng.sample(range(vocab), 9), 2: [36], 3: rng.sample(range(16), 5)}
+    allowed = [bits(keep[0], 5), None, bits(keep[2], 5), bits(keep[3], 2), None]  # row 3: a short mask
+    before = logits.clone()
+    out = mask_disallowed(logits, allowed)
+    assert torch.equal(logits, before)  # the caller's tensor is left alone
+    for b in range(5):
+        for t in range(vocab):
+            want = before[b, t] if b not in keep or t in keep[b] else float("-inf")
+            assert out[b, t] == want, (b, t)
+
+
+def test_sampling_keeps_to_the_allowed_tokens():
+    vocab, rows = 300, 4
+    logits = torch.randn(rows, vocab)
+    keep = [[5, 17, 250], [299], list(range(0, 300, 7)), [1, 2]]
+    allowed = [bits(k, 38) for k in keep]
+    greedy = SamplingParams(temperature=0.0)
+    drawn = SamplingParams(temperature=1.0, top_p=0.95)
+    seen: list[set[int]] = [set() for _ in range(rows)]
+    g = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        toks = sample_on_device(logits, [greedy, drawn, drawn, drawn], [3] * rows, None, g, allowed).tolist()
+        for b, t in enumerate(toks):
+            seen[b].add(t)
+    assert seen[0] == {max(keep[0], key=lambda t: logits[0, t].item())}  # the best allowed, not the best
+    for b in range(1, rows):
+        assert seen[b] <= set(keep[b])
+    assert len(seen[2]) > 3  # drawn, not pinned to one token
+
+
+@pytest.fixture(scope="module")
+def offline_runner(default_model_dir):
+    from pdserve.model.spec import ModelSpec
+    from pdserve.runtime.runner import ModelRunner
+
+    return ModelRunner(ModelSpec.from_dir(default_model_dir), default_model_dir, num_blocks=256, block_size=16)
+
+
+@pytest.fixture(scope="module")
+def guides(default_model_dir):
+    from pdserve.model.spec import ModelSpec
+
+    return GuideCompiler.for_model(default_model_dir, ModelSpec.from_dir(default_model_dir).eos_token_ids)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(default_model_dir):
+    from gateway.tokenizer import load_tokenizer
+
+    return load_tokenizer(default_model_dir)
+
+
+@pytest.mark.parametrize("guide, text", [
+    (Guide(GuideKind.JSON, json.dumps(SCHEMA)), '{"name": "Bob", "age": 31}'),
+    (Guide(GuideKind.JSON, '{"type": "object"}'), '{"a": [1, {"b": null}]}'),
+    (Guide(GuideKind.CHOICE, '["yes", "no \\"way\\" \u00e9"]'), 'no "way" \u00e9'),
+    (Guide(GuideKind.REGEX, r"[0-9]{3}-[0-9]{4}"), "555-0199"),
+    (Guide(GuideKind.GRAMMAR, 'start: "x" y\ny: "ab" "ab"'), "xabab"),
+])
+def test_a_guide_accepts_its_text_then_allows_only_eos(guides, tokenizer, guide, text):
+    g = guides.new(guide)
+    assert all(g.accept(t) for t in tokenizer.encode(text, add_special_tokens=False))
+    eos = guides._tokenizer.eos_tokens
+    assert [t for t in range(guides.vocab_size) if g.allowed()[t // 8] >> (t % 8) & 1] == list(eos)
+
+
+def test_a_guide_refuses_what_leaves_it(guides, tokenizer):
+    g = guides.new(Guide(GuideKind.CHOICE, '["yes", "no"]'))
+    assert not g.accept(tokenizer.encode("maybe", add_special_tokens=False)[0])
+    with pytest.raises(ValidationError, match="already generated leaves"):
+        guides.new(Guide(GuideKind.REGEX, "[0-9]+"), tokenizer.encode("abc", add_special_tokens=False))
+
+
+@pytest.mark.parametrize("guide, why", [
+    (Guide(GuideKind.REGEX, "("), "regex does not compile"),
+    (Guide(GuideKind.JSON, '{"type": "foo"}'), "json does not compile"),
+    (Guide(GuideKind.GRAMMAR, "start: nowhere"), "grammar does not compile"),
+])
+def test_a_guide_that_does_not_compile_is_refused_naming_the_field(guides, guide, why):
+    with pytest.raises(ValidationError, match=why) as err:
+        guides.check(guide)
+    assert err.value.field == "guide"
+
+
+def test_without_a_tokenizer_a_guided_request_is_refused(tmp_path):
+    assert GuideCompiler.for_model(tmp_path, (0,)) is None
+    with pytest.raises(ValidationError, match="tokenizer.json") as err:
+        make_guide(None, SamplingParams(guide=Guide(GuideKind.REGEX, "a")))
+    assert err.value.field == "guide"
+    assert make_guide(None, SamplingParams()) is None
+
+
+def chat(tokenizer, text: str) -> list[int]:
+    from gateway.tokenizer import encode_prompt
+
+    return encode_prompt(tokenizer, messages=[("user", text)])
+
+
+def test_the_engine_loop_keeps_guided_requests_to_their_language(offline_runner, guides, tokenizer):
+    """Guided and free requests in one overlapped loop: each guided output is in its language
+    and ends with EOS, greedy ones equal the single-process oracle's, and the free request's
+    tokens equal its run alone (the masks touch only their own rows). Leak check at the end."""
+    runner, eos = offline_runner, offline_runner.spec.eos_token_ids
+    person = chat(tokenizer, "Describe a person as JSON with a name and an age.")
+    number = chat(tokenizer, "Give me a phone number.")
+    free = chat(tokenizer, "Name three colours.")
+    cases = {
+        "json": (person, SamplingParams(temperature=0.0, max_tokens=40, guide=Guide(GuideKind.JSON, json.dumps(SCHEMA)))),
+        "choice": (person, SamplingParams(temperature=0.0, max_tokens=8, guide=Guide(GuideKind.CHOICE, '["yes", "no"]'))),
+        "regex": (number, SamplingParams(temperature=1.0, seed=7, max_tokens=16,
+                                         guide=Guide(GuideKind.REGEX, r"[0-9]{3}-[0-9]{4}"))),
+        "object": (person, SamplingParams(temperature=0.8, seed=3, max_tokens=60,
+                                          guide=Guide(GuideKind.JSON, '{"type": "object", "maxProperties": 2}'))),
+        "free": (free, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)),
+    }
+    sched = Scheduler(SchedulerConfig(max_model_len=512), BlockManager(runner.num_blocks, runner.block_size))
+    loop = EngineLoop(sched, runner, overlap=True)
+    tokens: dict[str, list[int]] = {k: [] for k in cases}
+    finish: dict[str, Finish] = {}
+    done = threading.Event()
+
+    def sink(ev) -> None:
+        if ev.token >= 0:
+            tokens[ev.request_id].append(ev.token)
+        if ev.finish is not None:
+            finish[ev.request_id] = ev.finish
+            if len(finish) == len(cases):
+                done.set()
+
+    loop.start()
+    try:
+        for rid, (prompt, params) in cases.items():
+            loop.submit(Sequence(rid, list(prompt), params, eos, guide=make_guide(guides, params)), sink)
+        assert done.wait(120), f"unfinished: {set(cases) - set(finish)}"
+    finally:
+        loop.stop()
+    text = {k: tokenizer.decode(v[:-1] if finish[k] is Finish.STOP else v) for k, v in tokens.items()}
+    for rid in ("json", "choice", "regex", "object"):
+        assert finish[rid] is Finish.STOP and tokens[rid][-1] in eos, (rid, text[rid])
+    person_obj = json.loads(text["json"])
+    assert set(person_obj) == {"name", "age"} and isinstance(person_obj["name"], str)
+    assert isinstance(person_obj["age"], int)
+    assert text["choice"] in ("yes", "no")
+    assert re.fullmatch(r"[0-9]{3}-[0-9]{4}", text["regex"]), text["regex"]
+    assert isinstance(json.loads(text["object"]), dict) and len(json.loads(text["object"])) <= 2
+    for rid in ("json", "choice"):
+        prompt, params = cases[rid]
+        assert tokens[rid] == generate(runner, [prompt], params, eos, guides)[0]
+    assert tokens["free"] == generate(runner, [free], cases["free"][1], eos)[0]
+    assert sched._guided == 0 and sched.blocks.num_free == sched.blocks.num_total
