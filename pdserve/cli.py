@@ -93,11 +93,21 @@ def _generate(argv: list[str]) -> None:
                    help="after the text, each token's id and logprob and its N most likely alternatives")
     p.add_argument("--prompt-logprobs", type=int, default=None, metavar="N",
                    help="the same for each prompt token after the first (lines marked `prompt`)")
+    guide = p.add_mutually_exclusive_group()
+    guide.add_argument("--json-schema", default=None, metavar="JSON",
+                       help="structured output: JSON that this schema (JSON text, or @file) accepts")
+    guide.add_argument("--json-object", action="store_true", help="structured output: any JSON object")
+    guide.add_argument("--regex", default=None, help="structured output: text the regex matches whole")
+    guide.add_argument("--choice", action="append", default=None, help="structured output: one of these (repeat)")
+    guide.add_argument("--grammar", default=None, metavar="LARK", help="structured output: a Lark grammar (or @file)")
     a = p.parse_args(argv)
     optional = dict(top_p=a.top_p, top_k=a.top_k, seed=a.seed, min_p=a.min_p, presence_penalty=a.presence_penalty,
                     frequency_penalty=a.frequency_penalty, repetition_penalty=a.repetition_penalty,
                     logprobs=a.logprobs, prompt_logprobs=a.prompt_logprobs)
     kw = {k: v for k, v in optional.items() if v is not None}
+    structured = _structured_output(a)
+    if structured is not None:
+        kw["structured_output"] = structured
     prompt = {"messages": [("user", a.prompt)]} if a.chat else {"text": a.prompt}
     import grpc
 
@@ -105,6 +115,24 @@ def _generate(argv: list[str]) -> None:
         _stream(a.address, max_tokens=a.max_tokens, temperature=a.temperature, stop=a.stop, **prompt, **kw)
     except grpc.RpcError as e:
         raise SystemExit(f"error: {e.code().name}: {e.details()}")
+
+
+def _structured_output(a: argparse.Namespace):
+    """The StructuredOutput the flags ask for (None: free text); `@path` reads a file."""
+    from pdserve.proto import gateway_pb2
+
+    text = lambda v: open(v[1:], encoding="utf-8").read() if v.startswith("@") else v  # noqa: E731
+    if a.json_schema is not None:
+        return gateway_pb2.StructuredOutput(json_schema=text(a.json_schema))
+    if a.json_object:
+        return gateway_pb2.StructuredOutput(json_object=True)
+    if a.regex is not None:
+        return gateway_pb2.StructuredOutput(regex=a.regex)
+    if a.choice:
+        return gateway_pb2.StructuredOutput(choice=gateway_pb2.Choices(choices=a.choice))
+    if a.grammar is not None:
+        return gateway_pb2.StructuredOutput(grammar=text(a.grammar))
+    return None
 
 
 def _prepare(argv: list[str]) -> None:

@@ -94,3 +94,27 @@ def test_min_tokens_with_a_guide_is_refused(client):
         client.generate(text="hi", max_tokens=4, min_tokens=2, structured_output=so(regex="a+"))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "min_tokens" in err.value.details()
+
+
+def test_the_cli_asks_for_structured_output(stack, tmp_path):
+    """`pdserve generate --choice ... / --json-schema @file` against the stack."""
+    import subprocess
+    import sys
+
+    def cli(*args: str) -> str:
+        out = subprocess.run([sys.executable, "-m", "pdserve.cli", "generate", "--address", stack.gateway, *args],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    got = cli("--chat", "--choice", "yes", "--choice", "no", "Is Paris in France?")
+    text, finish = got.rsplit("\n[finish=", 1)
+    assert text in ("yes", "no") and finish.startswith("stop")
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps(SCHEMA))
+    got = cli("--chat", "--max-tokens", "48", "--json-schema", f"@{schema}", "Describe the biggest city of France as JSON.")
+    text, finish = got.rsplit("\n[finish=", 1)
+    assert set(json.loads(text)) == {"city", "founded"} and finish.startswith("stop")
+    bad = subprocess.run([sys.executable, "-m", "pdserve.cli", "generate", "--address", stack.gateway,
+                          "--regex", "(", "hi"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "sampling.structured_output.regex" in bad.stderr

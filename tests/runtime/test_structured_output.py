@@ -186,3 +186,88 @@ def test_the_engine_loop_keeps_guided_requests_to_their_language(offline_runner,
         assert tokens[rid] == generate(runner, [prompt], params, eos, guides)[0]
     assert tokens["free"] == generate(runner, [free], cases["free"][1], eos)[0]
     assert sched._guided == 0 and sched.blocks.num_free == sched.blocks.num_total
+
+
+class StrideGuide:
+    """A synthetic guide (no tokenizer): allows the ids t with (t * 7 + 13 * step) % 5 == 0,
+    the allowed set moving with every token accepted; refuses anything else."""
+
+    def __init__(self, vocab: int) -> None:
+        self.vocab, self.steps = vocab, 0
+
+    def ids(self) -> list[int]:
+        return [t for t in range(self.vocab) if (t * 7 + 13 * self.steps) % 5 == 0]
+
+    def allowed(self) -> bytes:
+        return bits(self.ids(), (self.vocab + 7) // 8)
+
+    def accept(self, token: int) -> bool:
+        ok = token in self.ids()
+        self.steps += 1
+        return ok
+
+
+def run_loop(runner, seqs: list[Sequence]) -> tuple[dict[str, list[int]], dict[str, Finish]]:
+    """The sequences through one overlapped engine loop: tokens and finish by request."""
+    sched = Scheduler(SchedulerConfig(max_model_len=256), BlockManager(runner.num_blocks - 1, runner.block_size))
+    loop = EngineLoop(sched, runner, overlap=True)
+    tokens: dict[str, list[int]] = {s.request_id: [] for s in seqs}
+    finish: dict[str, Finish] = {}
+    done = threading.Event()
+
+    def sink(ev) -> None:
+        if ev.token >= 0:
+            tokens[ev.request_id].append(ev.token)
+        if ev.finish is not None:
+            finish[ev.request_id] = ev.finish
+            if len(finish) == len(seqs):
+                done.set()
+
+    loop.start()
+    try:
+        for s in seqs:
+            loop.submit(s, sink)
+        assert done.wait(120), f"unfinished: {set(tokens) - set(finish)}"
+    finally:
+        loop.stop()
+    assert sched._guided == 0 and sched.blocks.num_free == sched.blocks.num_total
+    return tokens, finish
+
+
+@pytest.mark.gpu
+def test_cuda_guided_decode_keeps_to_the_mask_in_graphs_and_eager():
+    """On CUDA (bf16, random weights): guided greedy and sampled rows beside free rows, through
+    the CUDA-graph decode and the eager path: every token is allowed (else the guide aborts the
+    request), greedy guided tokens are the same in both paths, and the free rows equal their
+    run without the guided ones."""
+    from pdserve.model.spec import ModelSpec
+    from pdserve.runtime.runner import ModelRunner
+
+    spec = ModelSpec.from_config_dict(dict(
+        model_type="llama", hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, vocab_size=1000, max_position_embeddings=512))
+    kw = dict(device="cuda", dtype=torch.bfloat16, num_blocks=129, block_size=16, load_format="dummy",
+              max_model_len=256, max_num_seqs=8)
+    rng = random.Random(1)
+    prompts = [[rng.randrange(spec.vocab_size) for _ in range(n)] for n in (5, 17, 40, 3)]
+
+    def seqs(guided: bool) -> list[Sequence]:
+        out = []
+        for i, p in enumerate(prompts):
+            params = SamplingParams(temperature=0.0 if i % 2 == 0 else 1.0, seed=i, max_tokens=24, ignore_eos=True)
+            g = StrideGuide(spec.vocab_size) if guided and i < 3 else None
+            out.append(Sequence(f"r{i}", list(p), params, (), guide=g))
+        return out
+
+    results = {}
+    for eager in (False, True):
+        runner = ModelRunner(spec, None, enforce_eager=eager, **kw)
+        results[eager] = run_loop(runner, seqs(True))
+        tokens, finish = results[eager]
+        assert all(f is Finish.LENGTH for f in finish.values()), finish
+        assert all(len(t) == 24 for t in tokens.values())
+        free = run_loop(runner, seqs(False))[0]
+        assert tokens["r3"] == free["r3"]
+        assert tokens["r0"] != free["r0"]  # the mask changed the greedy tokens
+    assert results[False][0]["r0"] == results[True][0]["r0"]
+    assert results[False][0]["r2"] == results[True][0]["r2"]
