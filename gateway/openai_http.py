@@ -121,6 +121,7 @@ class OpenAIServer:
     async def _serve(self, request: web.Request, chat: bool) -> web.StreamResponse:
         """Parse, start every choice's generation, answer with SSE or one JSON object (or an error)."""
         async with contextlib.AsyncExitStack() as closing:  # a gone client aborts every generation at once
+            body: dict = {}
             try:
                 body = await _json_body(request)
                 prompts = [schema.chat_request(body)] if chat else schema.completion_requests(body)
@@ -147,7 +148,7 @@ class OpenAIServer:
                 prompt_logprobs = None if width is None else [
                     schema.vllm_prompt_logprobs(f.chunk, width, self.words) for f in firsts]
             except GatewayError as e:
-                return error_response(e)
+                return error_response(schema.as_sent(e, body))  # structured output: the parameter sent
             reply = Reply(("chatcmpl-" if chat else "cmpl-") + rid, self.generation.model.name, chat,
                           per_prompt=len(reqs) // len(prompts), logprobs=self._logprobs(chat, reqs),
                           echo=[self._prompt_text(r) for r in reqs] if echoed else None,

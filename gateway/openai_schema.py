@@ -12,11 +12,17 @@ The prompt's logprobs come with a generation's first chunk (SamplingParams.promp
 answer two requests: `echo` with `logprobs` on /v1/completions (legacy OpenAI, what
 lm-evaluation-harness scores with: the choice's logprobs start with the prompt's tokens, the first
 one's logprob null) and vLLM's `prompt_logprobs` extension (`vllm_prompt_logprobs`).
+
+Structured output (SamplingParams.structured_output) is asked for as OpenAI does (`response_format`
+json_object or json_schema) or as vLLM's server does (`guided_json`, `guided_regex`,
+`guided_choice`, `guided_grammar`, or the `structured_outputs` object), one of them per request;
+the gateway compiles it, and its errors name the parameter the body used (`as_sent`).
 """
 
 from __future__ import annotations
 
 import codecs
+import json
 import sys
 import time
 from collections.abc import Callable
@@ -37,15 +43,19 @@ MAX_CHOICES = 128  # prompts x n in one request: each choice is a generation of 
 NUMBERS = {"temperature": float, "top_p": float, "top_k": int, "seed": int, "max_tokens": int, "min_tokens": int,
            "presence_penalty": float, "frequency_penalty": float, "repetition_penalty": float, "min_p": float}
 # Parameters this server does not implement, with the values that ask for nothing (accepted as
-# if absent). Anything else is refused by name rather than ignored: a body asking for JSON output
-# or a penalty must not get plain sampling that looks like success.
+# if absent). Anything else is refused by name rather than ignored: a body asking for tools or a
+# suffix must not get plain sampling that looks like success.
 UNSUPPORTED: dict[str, tuple] = {
     "best_of": (1,),
     "suffix": ("",), "tools": ([],), "functions": ([],),
     "tool_choice": ("none", "auto"), "function_call": ("none", "auto"),
-    "response_format": ({"type": "text"},), "guided_json": (), "guided_regex": (), "guided_choice": (),
-    "guided_grammar": (), "structured_outputs": (),
 }
+# The parameters that ask for structured output, in the order a conflict between them is told.
+STRUCTURED = ("response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+              "structured_outputs")
+# vLLM's structured_outputs: the kinds it may ask for, and its options, taken as absent when false.
+STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+STRUCTURED_OPTIONS = ("disable_fallback", "disable_any_whitespace", "disable_additional_properties")
 
 
 def bad(param: str, message: str) -> GatewayError:
@@ -127,7 +137,126 @@ def sampling(body: dict, chat: bool) -> gateway_pb2.SamplingParams:
     prompt = _prompt_logprobs(body, chat, logprobs)
     if prompt is not None:
         s.prompt_logprobs = prompt
+    asked = _structured_output(body)
+    if asked is not None:
+        s.structured_output.CopyFrom(asked[1])
     return s
+
+
+def _structured_output(body: dict) -> tuple[str, gateway_pb2.StructuredOutput] | None:
+    """The structured output a body asks for, with the parameter that asks for it (what an error
+    about it names: e.g. response_format.json_schema.schema, guided_regex, structured_outputs.choice),
+    or None. Only one of the STRUCTURED parameters may ask for one."""
+    found: tuple[str, gateway_pb2.StructuredOutput] | None = None
+    for name in STRUCTURED:
+        value = body.get(name)
+        if value is None:
+            continue
+        if name == "response_format":
+            asked = _response_format(value)
+        elif name == "structured_outputs":
+            asked = _vllm_structured_outputs(value)
+        else:
+            asked = name, _structured_kind(name[len("guided_"):], value, name)
+        if asked is None:
+            continue
+        if found is not None:
+            raise bad(name, f"only one kind of structured output may be given ({found[0]} asks for one already)")
+        found = asked
+    return found
+
+
+def _response_format(value: Any) -> tuple[str, gateway_pb2.StructuredOutput] | None:
+    """OpenAI's response_format: {"type": "text"} (None), {"type": "json_object"} or
+    {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}, "strict": ...}}."""
+    if not isinstance(value, dict):
+        raise bad("response_format", f'must be an object like {{"type": "json_object"}}, got {value!r:.60}')
+    kind = value.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return "response_format", gateway_pb2.StructuredOutput(json_object=True)
+    if kind != "json_schema":
+        raise bad("response_format.type", f"must be one of text, json_object, json_schema, got {kind!r:.40}")
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict):
+        raise bad("response_format.json_schema", 'must be an object like {"name": "...", "schema": {...}}')
+    if spec.get("name") is not None and not isinstance(spec["name"], str):
+        raise bad("response_format.json_schema.name", f"must be a string, got {spec['name']!r:.40}")
+    if spec.get("strict") is not None and not isinstance(spec["strict"], bool):
+        raise bad("response_format.json_schema.strict", f"must be a boolean, got {spec['strict']!r:.40}")
+    param = "response_format.json_schema.schema"
+    if spec.get("schema") is None:
+        raise bad(param, "is missing: the JSON schema the output must follow")
+    return param, gateway_pb2.StructuredOutput(json_schema=_schema_text(spec["schema"], param, text=False))
+
+
+def _vllm_structured_outputs(value: Any) -> tuple[str, gateway_pb2.StructuredOutput] | None:
+    """vLLM's structured_outputs object: one of json (a schema), regex, choice, grammar or
+    json_object (true); null members, json_object false and options left false (STRUCTURED_OPTIONS)
+    ask for nothing."""
+    if not isinstance(value, dict):
+        raise bad("structured_outputs", f"must be an object with one of {', '.join(STRUCTURED_KINDS)}")
+    found: tuple[str, gateway_pb2.StructuredOutput] | None = None
+    for key, member in value.items():
+        param = f"structured_outputs.{key}"
+        if member is None or (key in (*STRUCTURED_OPTIONS, "json_object") and member is False):
+            continue
+        if key not in STRUCTURED_KINDS:
+            raise bad(param, f"is not supported by this server (give one of {', '.join(STRUCTURED_KINDS)})")
+        if key == "json_object" and member is not True:
+            raise bad(param, f"must be a boolean, got {member!r:.40}")
+        if found is not None:
+            raise bad(param, f"only one kind of structured output may be given ({found[0]} asks for one already)")
+        found = param, _structured_kind(key, member, param)
+    return found
+
+
+def _structured_kind(kind: str, value: Any, param: str) -> gateway_pb2.StructuredOutput:
+    """The StructuredOutput for one of vLLM's kinds (json, regex, choice, grammar, json_object
+    true), given as body parameter `param`."""
+    if kind == "json":
+        return gateway_pb2.StructuredOutput(json_schema=_schema_text(value, param, text=True))
+    if kind == "json_object":
+        return gateway_pb2.StructuredOutput(json_object=True)
+    if kind == "choice":
+        if not (isinstance(value, list) and value and all(isinstance(c, str) and c for c in value)):
+            raise bad(param, "must be a non-empty list of non-empty strings")
+        return gateway_pb2.StructuredOutput(choice=gateway_pb2.Choices(choices=value))
+    what = "a regular expression" if kind == "regex" else "a Lark grammar"
+    if not isinstance(value, str) or not value:
+        raise bad(param, f"must be a non-empty string ({what}), got {value!r:.40}")
+    return gateway_pb2.StructuredOutput(**{kind: value})
+
+
+def _schema_text(value: Any, param: str, text: bool) -> str:
+    """A JSON schema (a JSON object) as JSON text; `text`: it may also come as a string of JSON."""
+    if text and isinstance(value, str):
+        try:
+            parsed = json.loads(value)
+        except ValueError as e:
+            raise bad(param, f"is not valid JSON: {e}") from None
+        if not isinstance(parsed, dict):
+            raise bad(param, f"must be a JSON schema (a JSON object), got {value!r:.40}")
+        return value
+    if not isinstance(value, dict):
+        raise bad(param, f"must be a JSON schema (a JSON object{', or a string of one' if text else ''}), "
+                         f"got {value!r:.40}")
+    return json.dumps(value)
+
+
+def as_sent(e: GatewayError, body: dict) -> GatewayError:
+    """e naming the body's parameter where it names the gateway's structured output
+    (sampling.structured_output.<kind>, refused when compiled): response_format.json_schema.schema,
+    guided_json, structured_outputs.regex, ... as the body asked; any other error as it is."""
+    if not (e.field or "").startswith("sampling.structured_output"):
+        return e
+    asked = _structured_output(body)
+    if asked is None:
+        return e
+    param = asked[0]
+    tail = e.message[len(e.field):] if e.message.startswith(e.field + ":") else f": {e.message}"
+    return GatewayError(e.code, param + tail, e.retry_after_ms, param)
 
 
 def _logit_bias(value: Any) -> dict[int, float]:

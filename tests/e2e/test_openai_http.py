@@ -81,7 +81,7 @@ def test_chat_whole(client):
     ({"temperature": -1}, "temperature"), ({"top_p": 1.5}, "top_p"), ({"max_tokens": 0}, "max_tokens"),
     ({"max_tokens": 100000}, "max_tokens"), ({"n": 3}, "n"), ({"temperature": "hot"}, "temperature"),
     ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
-    ({"response_format": {"type": "json_object"}}, "response_format"), ({"seed": -1}, "seed"),
+    ({"response_format": {"type": "xml"}}, "response_format.type"), ({"seed": -1}, "seed"),
     ({"stream_options": {"include_usage": "yes"}}, "stream_options"),
     ({"messages": [{"role": "user", "content": "hi " * 600}]}, "messages"),
     ({"logprobs": 2}, "logprobs"), ({"top_logprobs": 2}, "top_logprobs"),

@@ -1,7 +1,10 @@
 """OpenAI bodies -> GenerateRequest: parameters this server does not implement are refused by
-name, their do-nothing values are taken as absent; token logprobs as OpenAI JSON (gateway/openai_schema.py)."""
+name, their do-nothing values are taken as absent; structured output (response_format, vLLM's guided_*
+and structured_outputs); token logprobs as OpenAI JSON (gateway/openai_schema.py)."""
 
 from __future__ import annotations
+
+import json
 
 import grpc
 import pytest
@@ -10,8 +13,8 @@ from gateway.detokenizer import ByteTable
 from gateway.errors import GatewayError
 from gateway.generation import UNKNOWN_MODEL
 from gateway.openai_http import error_body
-from gateway.openai_schema import (MAX_CHOICES, ChoiceLogprobs, TokenText, bad, chat_request, completion_requests,
-                                   echo, merge_logprobs, samples, vllm_prompt_logprobs)
+from gateway.openai_schema import (MAX_CHOICES, ChoiceLogprobs, TokenText, as_sent, bad, chat_request,
+                                   completion_requests, echo, merge_logprobs, samples, vllm_prompt_logprobs)
 from gateway.tokenizer import load_tokenizer
 from pdserve.proto import gateway_pb2
 
@@ -19,9 +22,8 @@ CHAT = {"model": "", "messages": [{"role": "user", "content": "Hi"}]}
 
 
 @pytest.mark.parametrize("name, value", [
-    ("response_format", {"type": "json_object"}), ("response_format", {"type": "json_schema", "json_schema": {}}),
     ("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "required"),
-    ("guided_json", {"type": "object"}), ("guided_choice", ["a", "b"]), ("best_of", 2),
+    ("functions", [{"name": "f"}]), ("function_call", {"name": "f"}), ("suffix", "end"), ("best_of", 2),
 ])
 def test_unsupported_values_are_refused_by_name(name, value):
     for build, body in ((chat_request, CHAT), (completion_requests, {"model": "", "prompt": "Hi"})):
@@ -328,3 +330,146 @@ def test_vllm_prompt_logprobs_list_the_actual_token_then_the_top_ones(words):
     assert [len(e) for e in vllm_prompt_logprobs(first, 0, text)[1:]] == [1, 1, 1]
     first.prompt_logprobs[1].rank = 5000  # the workers' rank in the whole vocabulary wins
     assert vllm_prompt_logprobs(first, 2, text)[2]["30"]["rank"] == 5000
+
+
+# ---------------------------------------------------------------- structured output
+
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+
+
+def _both(extra: dict) -> list[gateway_pb2.StructuredOutput]:
+    """The StructuredOutput of extra on /v1/chat/completions and on /v1/completions."""
+    return [chat_request({**CHAT, **extra}).sampling.structured_output,
+            completion_requests({"model": "", "prompt": "Hi", **extra})[0].sampling.structured_output]
+
+
+@pytest.mark.parametrize("extra, kind, value", [
+    ({"response_format": {"type": "json_object"}}, "json_object", True),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA,
+                                                                 "strict": True}}}, "json_schema", SCHEMA),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}}, "json_schema", {}),
+    ({"guided_json": SCHEMA}, "json_schema", SCHEMA),
+    ({"guided_json": json.dumps(SCHEMA)}, "json_schema", SCHEMA),
+    ({"guided_regex": "[0-9]{3}-[0-9]{4}"}, "regex", "[0-9]{3}-[0-9]{4}"),
+    ({"guided_choice": ["yes", "no"]}, "choice", ["yes", "no"]),
+    ({"guided_grammar": 'start: "a"+'}, "grammar", 'start: "a"+'),
+    ({"structured_outputs": {"json": SCHEMA}}, "json_schema", SCHEMA),
+    ({"structured_outputs": {"json": json.dumps(SCHEMA)}}, "json_schema", SCHEMA),
+    ({"structured_outputs": {"regex": "a+b"}}, "regex", "a+b"),
+    ({"structured_outputs": {"choice": ["x"]}}, "choice", ["x"]),
+    ({"structured_outputs": {"grammar": 'start: "b"'}}, "grammar", 'start: "b"'),
+    ({"structured_outputs": {"json_object": True}}, "json_object", True),
+    # members left null and options left false (as a client that sends every field does) ask for nothing
+    ({"structured_outputs": {"json": None, "regex": "a", "choice": None, "json_object": False,
+                             "disable_any_whitespace": False}}, "regex", "a"),
+    # a do-nothing value of one parameter goes with another that asks
+    ({"response_format": {"type": "text"}, "guided_regex": "b"}, "regex", "b"),
+    ({"guided_json": None, "guided_choice": ["a"]}, "choice", ["a"]),
+])
+def test_each_structured_output_form_fills_its_member(extra, kind, value):
+    for so in _both(extra):
+        assert so.WhichOneof("kind") == kind
+        if kind == "json_schema":
+            assert json.loads(so.json_schema) == value
+        elif kind == "choice":
+            assert list(so.choice.choices) == value
+        else:
+            assert getattr(so, kind) == value
+
+
+@pytest.mark.parametrize("extra", [
+    {}, {"response_format": {"type": "text"}}, {"response_format": None}, {"guided_json": None},
+    {"structured_outputs": {}}, {"structured_outputs": {"json_object": False, "regex": None}},
+])
+def test_bodies_without_structured_output_leave_it_unset(extra):
+    for build, body in ((chat_request, CHAT), (completion_requests, {"model": "", "prompt": "Hi"})):
+        req = build({**body, **extra})
+        req = req if isinstance(req, gateway_pb2.GenerateRequest) else req[0]
+        assert not req.sampling.HasField("structured_output")
+
+
+@pytest.mark.parametrize("extra, field", [
+    ({"response_format": {"type": "json_object"}, "guided_regex": "a"}, "guided_regex"),
+    ({"guided_json": SCHEMA, "guided_choice": ["a"]}, "guided_choice"),
+    ({"guided_regex": "a", "guided_grammar": "start: \"a\""}, "guided_grammar"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": SCHEMA}}, "structured_outputs":
+      {"regex": "a"}}, "structured_outputs"),
+    ({"guided_choice": ["a"], "structured_outputs": {"json_object": True}}, "structured_outputs"),
+    ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs.choice"),
+    ({"structured_outputs": {"json_object": True, "json": SCHEMA}}, "structured_outputs.json"),
+])
+def test_more_than_one_structured_output_is_refused_naming_the_second(extra, field):
+    for build, body in ((chat_request, CHAT), (completion_requests, {"model": "", "prompt": "Hi"})):
+        with pytest.raises(GatewayError) as err:
+            build({**body, **extra})
+        assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT and err.value.field == field
+        assert str(err.value).startswith(f"{field}: only one kind of structured output may be given")
+
+
+@pytest.mark.parametrize("extra, field, words", [
+    ({"response_format": {"type": "xml"}}, "response_format.type", "must be one of"),
+    ({"response_format": {"type": "structural_tag"}}, "response_format.type", "must be one of"),
+    ({"response_format": {}}, "response_format.type", "must be one of"),
+    ({"response_format": "json_object"}, "response_format", "must be an object"),
+    ({"response_format": {"type": "json_schema"}}, "response_format.json_schema", "must be an object"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+     "response_format.json_schema.schema", "is missing"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": "{}"}}},
+     "response_format.json_schema.schema", "JSON object"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": [1]}}},
+     "response_format.json_schema.schema", "JSON object"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": 5, "schema": {}}}},
+     "response_format.json_schema.name", "must be a string"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {}, "strict": "yes"}}},
+     "response_format.json_schema.strict", "must be a boolean"),
+    ({"guided_choice": []}, "guided_choice", "must be a non-empty list of non-empty strings"),
+    ({"guided_choice": ["a", 5]}, "guided_choice", "must be a non-empty list of non-empty strings"),
+    ({"guided_choice": ["a", ""]}, "guided_choice", "must be a non-empty list of non-empty strings"),
+    ({"guided_choice": "yes"}, "guided_choice", "must be a non-empty list of non-empty strings"),
+    ({"guided_json": "{not json"}, "guided_json", "is not valid JSON"),
+    ({"guided_json": "[1, 2]"}, "guided_json", "JSON object"),
+    ({"guided_json": 5}, "guided_json", "JSON object"),
+    ({"guided_regex": ""}, "guided_regex", "non-empty string"),
+    ({"guided_regex": ["a"]}, "guided_regex", "non-empty string"),
+    ({"guided_grammar": 7}, "guided_grammar", "non-empty string"),
+    ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs.choice", "only one kind"),
+    ({"structured_outputs": {"structural_tag": "{}"}}, "structured_outputs.structural_tag", "not supported"),
+    ({"structured_outputs": {"jsn": {}}}, "structured_outputs.jsn", "not supported"),
+    ({"structured_outputs": {"disable_any_whitespace": True}}, "structured_outputs.disable_any_whitespace",
+     "not supported"),
+    ({"structured_outputs": {"json_object": "yes"}}, "structured_outputs.json_object", "must be a boolean"),
+    ({"structured_outputs": {"regex": False}}, "structured_outputs.regex", "non-empty string"),
+    ({"structured_outputs": {"json": "nope"}}, "structured_outputs.json", "is not valid JSON"),
+    ({"structured_outputs": ["json"]}, "structured_outputs", "must be an object"),
+])
+def test_bad_structured_output_is_400_naming_the_field(extra, field, words):
+    for build, body in ((chat_request, CHAT), (completion_requests, {"model": "", "prompt": "Hi"})):
+        with pytest.raises(GatewayError) as err:
+            build({**body, **extra})
+        assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT and err.value.field == field
+        status, error = error_body(err.value)
+        assert status == 400 and error["error"]["param"] == field
+        assert error["error"]["message"].startswith(f"{field}: ") and words in error["error"]["message"]
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "foo"}}}},
+     "response_format.json_schema.schema"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"guided_json": {"type": "foo"}}, "guided_json"), ({"guided_regex": "(("}, "guided_regex"),
+    ({"structured_outputs": {"grammar": "start: x"}}, "structured_outputs.grammar"),
+])
+def test_a_guide_the_gateway_refuses_names_the_parameter_sent(extra, param):
+    """The gateway names its StructuredOutput member (compiling the guide); the HTTP answer names
+    the body's parameter that asked for it."""
+    body = {**CHAT, **extra}
+    kind = chat_request(body).sampling.structured_output.WhichOneof("kind")
+    refused = GatewayError(grpc.StatusCode.INVALID_ARGUMENT, f"sampling.structured_output.{kind}: does not compile",
+                           field=f"sampling.structured_output.{kind}")
+    status, error = error_body(as_sent(refused, body))
+    assert status == 400 and error["error"]["param"] == param
+    assert error["error"]["message"] == f"{param}: does not compile"
+    other = bad("sampling.top_p", "must be in (0, 1], got 2.0")
+    assert as_sent(other, body) is other  # other fields keep their own mapping
+    assert as_sent(refused, CHAT) is refused  # a body without structured output: nothing to name
