@@ -18,7 +18,10 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import llguidance
+import numpy as np
+from llguidance.numpy import fill_next_token_bitmask_par
 
+from pdserve.core.request import TokenGuide
 from pdserve.core.sampling import Guide, GuideKind, SamplingParams, ValidationError
 
 JSON_OPTIONS = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
@@ -51,11 +54,12 @@ class LLGuide:
 
 
 class GuideCompiler:
-    """Compiles guides against one tokenizer; thread-safe."""
+    """Compiles guides against one tokenizer (thread-safe) and computes a step's masks."""
 
     def __init__(self, tokenizer_json: str | Path, eos_ids: Sequence[int]) -> None:
         eos = list(eos_ids) or None  # llguidance's own guess when the model names none
         self._tokenizer = llguidance.LLTokenizer(str(tokenizer_json), eos_token=eos)
+        self._executor = llguidance.LLExecutor()  # a thread pool: one step's masks in parallel
         self._compiled: OrderedDict[Guide, llguidance.LLMatcher] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -68,6 +72,20 @@ class GuideCompiler:
     @property
     def vocab_size(self) -> int:
         return self._tokenizer.vocab_size
+
+    def masks(self, guides: list[TokenGuide]) -> list[bytes]:
+        """TokenGuide.allowed of each guide, the LLGuides' computed in parallel (Scheduler's
+        guide_masks): a mask costs ~10-300 us (more while a JSON string is open), per guide."""
+        ours = [i for i, g in enumerate(guides) if isinstance(g, LLGuide)]
+        out = [b"" if isinstance(g, LLGuide) else g.allowed() for g in guides]
+        if len(ours) == 1:
+            out[ours[0]] = guides[ours[0]].allowed()
+        elif ours:
+            words = np.empty(((len(ours)), (self.vocab_size + 31) // 32), dtype=np.int32)
+            fill_next_token_bitmask_par(self._executor, [(guides[i]._matcher, r) for r, i in enumerate(ours)], words)
+            for r, i in enumerate(ours):
+                out[i] = words[r].tobytes()  # little-endian words: bit t % 8 of byte t // 8
+        return out
 
     def check(self, guide: Guide) -> None:
         """Raise ValidationError("guide", why) if the guide does not compile."""

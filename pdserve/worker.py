@@ -123,10 +123,12 @@ def build(args: argparse.Namespace) -> Built:
             _warm_up(draft, "draft model")
             proposer = DraftModelProposer(draft, spec.vocab_size)
         planner = DraftPlanner(spec_cfg, args.max_model_len, proposer=proposer)
-    sched = Scheduler(cfg, BlockManager(num_blocks, args.block_size, salt=salt), planner)
+    guides = GuideCompiler.for_model(model_dir, spec.eos_token_ids)
+    sched = Scheduler(cfg, BlockManager(num_blocks, args.block_size, salt=salt), planner,
+                      guides.masks if guides is not None else None)
     name = args.served_model_name or model_dir.name
     log.info("model %s: %d KV blocks of %d tokens on %s/%s", name, num_blocks, args.block_size, device, dtype)
-    return Built(spec, runner, sched, name, GuideCompiler.for_model(model_dir, spec.eos_token_ids))
+    return Built(spec, runner, sched, name, guides)
 
 
 def _warm_up(runner: ModelRunner, what: str) -> None:

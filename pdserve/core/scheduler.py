@@ -17,10 +17,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pdserve.core.block_manager import BlockManager, cacheable_blocks
-from pdserve.core.request import Finish, Sequence, SeqStatus, check_finish
+from pdserve.core.request import Finish, Sequence, SeqStatus, TokenGuide, check_finish
 from pdserve.core.spec_schedule import DraftPlanner
 from pdserve.core.step_io import PLACEHOLDER, History, SeqSlice, StepInput, StepOutput, TokenLogprobs
 
@@ -57,10 +58,13 @@ def with_history(sl: SeqSlice, seq: Sequence) -> SeqSlice:
 class Scheduler:
     """Owns the sequences of one worker and decides what each step computes."""
 
-    def __init__(self, cfg: SchedulerConfig, blocks: BlockManager, spec: DraftPlanner | None = None) -> None:
+    def __init__(self, cfg: SchedulerConfig, blocks: BlockManager, spec: DraftPlanner | None = None,
+                 guide_masks: Callable[[list[TokenGuide]], list[bytes]] | None = None) -> None:
         self.cfg = cfg
         self.blocks = blocks
         self.spec = spec  # speculative decoding: drafts after each running sequence's last token
+        # structured output: the masks of a step's guides at once (GuideCompiler.masks: in parallel)
+        self.guide_masks = guide_masks or (lambda guides: [g.allowed() for g in guides])
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._by_id: dict[str, Sequence] = {}
@@ -170,8 +174,6 @@ class Scheduler:
                 seq.suppressed() if params.min_tokens else (),
                 len(drafts),
             )
-            if seq.guide is not None:
-                sl.allowed = seq.guide.allowed()
             append(with_history(sl, seq) if params.penalized else sl)
             budget -= 1 + len(drafts)
         while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
@@ -188,7 +190,16 @@ class Scheduler:
             self.waiting.popleft()
             self._append_running(seq)
             seq.status = SeqStatus.RUNNING
+        if self._guided:
+            self._fill_masks(slices)
         return self._planned(slices)
+
+    def _fill_masks(self, slices: list[SeqSlice]) -> None:
+        """SeqSlice.allowed of every sampled slice of a guided sequence, in one guide_masks call."""
+        todo = [(sl, g) for sl in slices if sl.sample and (g := self._by_id[sl.request_id].guide) is not None]
+        if todo:
+            for (sl, _), mask in zip(todo, self.guide_masks([g for _, g in todo])):
+                sl.allowed = mask
 
     def schedule_next(self) -> StepInput | None:
         """While the last step scheduled runs (not yet updated): the next step, each running
@@ -322,7 +333,6 @@ class Scheduler:
             sample=end == len(seq),
             suppress_token_ids=seq.suppressed(),
             prompt_targets=seq.prompt_targets(start, end),
-            allowed=seq.guide.allowed() if seq.guide is not None and end == len(seq) else None,
         )
         return with_history(sl, seq) if seq.params.penalized else sl
 

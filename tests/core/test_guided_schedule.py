@@ -63,6 +63,25 @@ def test_each_sampled_slice_carries_the_mask_of_its_guide_state():
     assert sched._guided == 0 and sched.blocks.num_free == sched.blocks.num_total
 
 
+def test_a_steps_masks_come_from_one_guide_masks_call():
+    calls: list[int] = []
+
+    def masks(guides):
+        calls.append(len(guides))
+        return [g.allowed() for g in guides]
+
+    sched = Scheduler(SchedulerConfig(max_model_len=64), BlockManager(32, 4), guide_masks=masks)
+    for rid in ("a", "b", "c"):
+        sched.add(make(rid != "b", rid, max_tokens=2))
+    step = sched.schedule()
+    assert calls == [2] and [sl.allowed is not None for sl in step.seqs] == [True, False, True]
+    sched.update(step, StepOutput(sampled={"a": 0, "b": 1, "c": 2}))
+    sched.update(sched.schedule(), StepOutput(sampled={"a": 0, "b": 1, "c": 2}))
+    assert calls == [2, 2] and not sched.has_work and sched._guided == 0
+    sched.update(sched.schedule(), StepOutput())
+    assert calls == [2, 2]  # no guided sequence: no call
+
+
 def test_a_chunked_prompt_gets_a_mask_only_on_its_sampled_chunk():
     sched = Scheduler(SchedulerConfig(max_model_len=64, max_num_batched_tokens=4), BlockManager(32, 4))
     seq = Sequence("g", list(range(1, 8)), SamplingParams(temperature=0.0, max_tokens=2), guide=EvenGuide())

@@ -102,6 +102,29 @@ def test_a_guide_accepts_its_text_then_allows_only_eos(guides, tokenizer, guide,
     assert [t for t in range(guides.vocab_size) if g.allowed()[t // 8] >> (t % 8) & 1] == list(eos)
 
 
+def test_masks_of_a_step_equal_each_guides_own(guides, tokenizer):
+    """GuideCompiler.masks (llguidance's thread pool) gives what each guide's allowed() gives,
+    for guides in different states (a JSON string open, a number, done) and a foreign guide."""
+    text = '{"name": "Bob", "age": 31}'
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    schema = Guide(GuideKind.JSON, json.dumps(SCHEMA))
+    states = [guides.new(schema, ids[:n]) for n in (0, 3, 4, len(ids) - 2, len(ids))]
+    states.append(guides.new(Guide(GuideKind.CHOICE, '["yes", "no"]')))
+
+    class Foreign:
+        def allowed(self) -> bytes:
+            return b"\x05"
+
+    def ids(mask: bytes) -> list[int]:  # llguidance's own masks carry a few padding bytes
+        return [t for t in range(min(len(mask) * 8, guides.vocab_size)) if mask[t // 8] >> (t % 8) & 1]
+
+    batch = [states[0], Foreign(), *states[1:]]
+    want = [ids(g.allowed()) for g in batch]
+    assert [ids(m) for m in guides.masks(batch)] == want
+    assert ids(guides.masks([states[2]])[0]) == want[3] and guides.masks([]) == []
+    assert len({tuple(m) for m in want}) == len(want)  # the states differ: the test can tell them apart
+
+
 def test_a_guide_refuses_what_leaves_it(guides, tokenizer):
     g = guides.new(Guide(GuideKind.CHOICE, '["yes", "no"]'))
     assert not g.accept(tokenizer.encode("maybe", add_special_tokens=False)[0])
@@ -151,7 +174,8 @@ def test_the_engine_loop_keeps_guided_requests_to_their_language(offline_runner,
                                           guide=Guide(GuideKind.JSON, '{"type": "object", "maxProperties": 2}'))),
         "free": (free, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)),
     }
-    sched = Scheduler(SchedulerConfig(max_model_len=512), BlockManager(runner.num_blocks, runner.block_size))
+    sched = Scheduler(SchedulerConfig(max_model_len=512), BlockManager(runner.num_blocks, runner.block_size),
+                      guide_masks=guides.masks)
     loop = EngineLoop(sched, runner, overlap=True)
     tokens: dict[str, list[int]] = {k: [] for k in cases}
     finish: dict[str, Finish] = {}
