@@ -12,6 +12,7 @@ import datetime
 import json
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -97,7 +98,7 @@ def weight_bytes(runner: ModelRunner) -> int:
 
 
 SECTIONS = ("decode", "loop", "prefill", "hf", "overhead", "tracing")  # the default run
-OPTIONAL = ("extras",)  # on request: --sections extras
+OPTIONAL = ("extras", "guided")  # on request: --sections extras,guided
 LOOP_STEPS = 64
 
 
@@ -121,6 +122,8 @@ def bench_model(name: str, copy_gbps: float, mm_tflops: float, sections: tuple[s
         out["step_cpu_overhead_ratio_bs256"] = cpu_overhead(runner, spec, t)
     if "extras" in sections:
         out.update(extras_loop_figures(runner, spec))
+    if "guided" in sections:
+        out.update(guided_loop_figures(runner, spec))
     if "tracing" in sections:
         out["tracing_bs32"] = tracing_cost(runner, batch=32, ctx=1024, steps=40)
     if "prefill" in sections:
@@ -160,11 +163,12 @@ def decode_figures(runner: ModelRunner, spec: ModelSpec, wbytes: int, kv_tok: in
 
 
 def loop_decode(runner: ModelRunner, spec: ModelSpec, batch: int, ctx: int, overlap: bool,
-                temperature: float = 0.0, top_p: float = 1.0, **extra) -> float:
+                temperature: float = 0.0, top_p: float = 1.0, guide: Callable[[], object] | None = None,
+                **extra) -> float:
     """Decode tok/s of the whole engine loop (scheduler, staging, sampling, token events) on
     `batch` running sequences of `ctx` cached tokens: batch over the median gap between one
     request's tokens, LOOP_STEPS steps, the first 8 left out. Greedy unless temperature > 0;
-    `extra`: more SamplingParams fields (logprobs, penalties)."""
+    `extra`: more SamplingParams fields (logprobs, penalties); `guide()`: each sequence's guide."""
     sched = Scheduler(SchedulerConfig(max_num_seqs=256, max_model_len=ctx + LOOP_STEPS + BS,
                                       enable_prefix_caching=False), BlockManager(runner.num_blocks, BS))
     params = SamplingParams(temperature=temperature, top_p=top_p, max_tokens=LOOP_STEPS, ignore_eos=True, **extra)
@@ -181,7 +185,7 @@ def loop_decode(runner: ModelRunner, spec: ModelSpec, batch: int, ctx: int, over
     for i in range(batch):  # running already, as a decode worker admits transferred requests
         prompt = [(i * 7919 + j) % spec.vocab_size for j in range(ctx)]
         loop.submit(Sequence(f"s{i}", prompt, params, output_ids=[7], block_table=sched.blocks.allocate(ctx // BS + 1),
-                             num_computed=ctx, status=SeqStatus.RUNNING), sink)
+                             num_computed=ctx, status=SeqStatus.RUNNING, guide=guide() if guide else None), sink)
     loop.start()
     deadline = time.time() + 120
     while len(ended) < batch and time.time() < deadline:
@@ -248,6 +252,39 @@ def extras_loop_figures(runner: ModelRunner, spec: ModelSpec) -> dict:
     run = lambda step: (lambda: runner.execute(step))  # noqa: E731
     res["prefill_2048_ms"] = {name: timed(run(prefill_step(2048, spec.vocab_size, k)), iters=5) * 1000
                               for name, k in (("plain", None), ("prompt_logprobs5", 5))}
+    return res
+
+
+class RotatingMasks:
+    """A guide for timing the device side of structured output without a tokenizer: it hands out
+    4 fixed masks in turn, each allowing a random half of the vocabulary, and takes any token
+    (llguidance's own mask work, 10-300 us per row on a CPU core, is not in it)."""
+
+    def __init__(self, vocab: int, seed: int) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.masks = [bytes(torch.randint(0, 256, ((vocab + 7) // 8,), generator=g, dtype=torch.uint8).tolist())
+                      for _ in range(4)]
+        self.n = 0
+
+    def allowed(self) -> bytes:
+        self.n += 1
+        return self.masks[self.n % 4]
+
+    def accept(self, token: int) -> bool:
+        return True
+
+
+def guided_loop_figures(runner: ModelRunner, spec: ModelSpec) -> dict:
+    """What structured output costs the engine loop besides llguidance (greedy, 1k context, batch
+    1, 64, 256): every row guided (RotatingMasks: a mask upload and apply per step, and no
+    overlapped steps), beside plain decode with overlap on and off."""
+    batches = (1, 64, 256)
+    run = lambda **kw: {str(b): loop_decode(runner, spec, b, 1024, **kw) for b in batches}  # noqa: E731
+    res = {"decode_loop_greedy_tok_s_by_batch": run(overlap=True),
+           "decode_loop_no_overlap_tok_s_by_batch": run(overlap=False),
+           "decode_loop_guided_tok_s_by_batch": run(overlap=True, guide=lambda: RotatingMasks(spec.vocab_size, 0))}
+    res["guided_over_greedy"] = {b: res["decode_loop_guided_tok_s_by_batch"][b] / res["decode_loop_greedy_tok_s_by_batch"][b]
+                                 for b in res["decode_loop_greedy_tok_s_by_batch"]}
     return res
 
 
