@@ -194,6 +194,15 @@ class Scheduler:
             self._fill_masks(slices)
         return self._planned(slices)
 
+    def pending_masks(self, step: StepInput) -> dict[str, bytes]:
+        """The masks of a step's mask_pending slices, from their guides as they stand (call it
+        once the step before is applied); a sequence that ended meanwhile gets none (its token
+        will be dropped)."""
+        todo = [(sl.request_id, seq.guide) for sl in step.seqs
+                if sl.mask_pending and (seq := self._by_id.get(sl.request_id)) is not None
+                and seq.guide is not None and seq.request_id not in self._aborted]
+        return dict(zip([r for r, _ in todo], self.guide_masks([g for _, g in todo]))) if todo else {}
+
     def _fill_masks(self, slices: list[SeqSlice]) -> None:
         """SeqSlice.allowed of every sampled slice of a guided sequence, in one guide_masks call."""
         todo = [(sl, g) for sl in slices if sl.sample and (g := self._by_id[sl.request_id].guide) is not None]
@@ -206,10 +215,11 @@ class Scheduler:
         sequence decoding one more token. A sequence that step samples for decodes its unknown
         token as a placeholder (SeqSlice.prev_row); one certain to end there by length is left
         out. None, with nothing changed but tables grown, when the next step needs more:
-        waiting requests, drafts, a preemption, no single step in flight, or a running sequence
-        with a guide (its mask needs the token on the way)."""
+        waiting requests, drafts, a preemption, or no single step in flight. A guided sequence's
+        slice is mask_pending: its mask needs the token on the way (pending_masks, once the step
+        in flight is applied)."""
         running = self.running
-        if (len(self._inflight) != 1 or self.waiting or self.spec is not None or self._guided
+        if (len(self._inflight) != 1 or self.waiting or self.spec is not None
                 or len(running) > self.cfg.max_num_batched_tokens):
             return None
         rows, r = {}, 0
@@ -235,6 +245,7 @@ class Scheduler:
                 return None
             sl = SeqSlice(rid, tokens, n - 1, self._table(seq), params, True,
                           seq.suppressed(pending) if params.min_tokens else (), 0, row)
+            sl.mask_pending = seq.guide is not None
             slices.append(with_history(sl, seq) if params.penalized else sl)
         return self._planned(slices) if slices else None
 

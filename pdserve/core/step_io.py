@@ -62,7 +62,9 @@ class SeqSlice:
 
     `allowed` (structured output, sampled slices only): the tokens the sampled position may
     take, as TokenGuide.allowed gives them (bit t % 8 of byte t // 8; tokens past its end
-    may not); the runner masks the rest. None: any token.
+    may not); the runner masks the rest. None: any token. `mask_pending`: an overlapped step's
+    guided slice whose mask needs the token still on the way: the runner queues the forward and
+    samples once the masks are given (ModelRunner.launch -> PendingSampling.give_masks).
 
     A slice whose params are `penalized` carries `history`, a view of the sequence's tokens at
     positions 0 .. start_pos - 1: with its own token_ids (a placeholder read on the device) they
@@ -84,6 +86,7 @@ class SeqSlice:
     history: History | None = None
     prompt_targets: tuple[int, ...] = ()
     allowed: bytes | None = None
+    mask_pending: bool = False
 
     @property
     def end_pos(self) -> int:

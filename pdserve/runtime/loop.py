@@ -33,6 +33,9 @@ class Runner(Protocol):
 
 
 class Launched(Protocol):
+    """A queued step. One with `needs_masks` set (ModelRunner's PendingSampling) samples only
+    once `give_masks` hands it the masks of its guided slices (Scheduler.pending_masks)."""
+
     def result(self) -> StepOutput: ...
 
 
@@ -44,6 +47,7 @@ class _Started:
     t0: float
     result: Callable[[], StepOutput] | None
     queued: bool  # still running on the device: the next step may be planned meanwhile
+    launched: Launched | None = None
 
 
 class EngineLoop:
@@ -122,6 +126,8 @@ class EngineLoop:
             started = self._start(step) if step is not None else None
             if running is not None:
                 self._apply(running)
+            if started is not None and getattr(started.launched, "needs_masks", False):
+                self._give_masks(started)  # the guides have seen the step before: its tokens are in
             running = started
             if running is not None and not running.queued:
                 self._apply(running)
@@ -137,12 +143,29 @@ class EngineLoop:
         try:
             hook = self._hook_for_step(step) if self._hook_for_step else None
             if self._launch is not None and hook is None:
-                return _Started(step, t0, self._launch(step).result, True)
+                launched = self._launch(step)
+                return _Started(step, t0, launched.result, True, launched)
             out = self.runner.execute(step, layer_hook=hook)
             return _Started(step, t0, lambda: out, False)
         except Exception:  # a failed forward must not kill the loop or leak the batch
             log.exception("step failed; aborting its %d sequences", len(step.seqs))
             return _Started(step, t0, None, False)
+
+    def _give_masks(self, started: _Started) -> None:
+        """Hand a step waiting for its guided slices' masks the masks (its sampling is queued);
+        a failure fails the step, as a failed launch does."""
+        masks: dict[str, bytes] = {}
+        try:
+            with self._lock:
+                masks = self.scheduler.pending_masks(started.step)
+        except Exception:  # the step fails (its sequences end aborted) but is still sampled:
+            log.exception("masks of a step failed; aborting its %d sequences", len(started.step.seqs))
+            started.result = None  # the runner launches nothing more until it is
+        try:
+            started.launched.give_masks(masks)  # type: ignore[union-attr]
+        except Exception:
+            log.exception("sampling a step failed; aborting its %d sequences", len(started.step.seqs))
+            started.result = None
 
     def _apply(self, started: _Started) -> None:
         """Wait for a step's tokens, update the scheduler, feed the sinks."""

@@ -51,6 +51,36 @@ class LaunchedStep:
         return StepOutput(sampled=sampled, logprobs=dict(zip(ids, self.logprobs.entries())), prompt_logprobs=prompt)
 
 
+@dataclass
+class PendingSampling:
+    """A step whose forward is queued and whose sampling waits for the masks of its guided
+    slices (SeqSlice.mask_pending): `give_masks` queues the sampling, then `result` waits as
+    LaunchedStep's does. The runner launches nothing else until the masks are given."""
+
+    runner: ModelRunner
+    ids: list[str]
+    sampled: list[SeqSlice]
+    logits: torch.Tensor | None
+    prompt: QueuedPromptLogprobs | None
+    launched: LaunchedStep | None = None
+    needs_masks: bool = True
+
+    def give_masks(self, masks: dict[str, bytes]) -> None:
+        """Queue the sampling; masks[request id] for each mask_pending slice (absent: no mask,
+        for a request that ended meanwhile and whose token will be dropped)."""
+        allowed = [masks.get(s.request_id) if s.mask_pending else s.allowed for s in self.sampled]
+        try:
+            with torch.inference_mode():
+                self.launched = self.runner._sample(self.ids, self.sampled, self.logits, self.prompt, allowed)
+        finally:  # even failed, it no longer holds the runner up
+            self.logits, self.needs_masks = None, False
+
+    def result(self) -> StepOutput:
+        if self.launched is None:
+            raise RuntimeError("the step's masks were never given; it sampled nothing")
+        return self.launched.result()
+
+
 class ModelRunner:
     """Owns the weights, the KV pool and a sampler generator of one worker.
 
@@ -96,6 +126,7 @@ class ModelRunner:
         # the last launched step's sampled tokens (device), read by its successor's placeholders
         self.prev_tokens = torch.zeros(max(1, max_num_seqs), dtype=torch.int32, device=self.device)
         self._prev_ids: list[str] = []
+        self._awaiting: PendingSampling | None = None  # a launched step waiting for its masks
         self.penalty_counts = PenaltyCounts(spec.vocab_size, self.device, max(1, max_num_seqs))
         self.graphs: DecodeGraphs | None = None
         if self.device.type == "cuda" and not enforce_eager:
@@ -151,6 +182,8 @@ class ModelRunner:
 
         Steps run in launch order; a slice with prev_row reads its token from the step launched
         just before (ValueError if that step did not sample this request at that row)."""
+        if self._awaiting is not None and self._awaiting.needs_masks:
+            raise RuntimeError("the last step still waits for its masks (PendingSampling.give_masks)")
         self.check(step)
         sampled = [s for s in step.seqs if s.sample]
         ids = [s.request_id for s in sampled]
@@ -158,10 +191,20 @@ class ModelRunner:
         if logits is None:
             self._prev_ids = []
             return self._launched([], torch.empty(0, dtype=torch.int64), None, prompt)
+        if any(s.mask_pending for s in sampled):
+            self._prev_ids = ids[: self.prev_tokens.numel()]  # their tokens land in prev_tokens at sampling
+            self._awaiting = PendingSampling(self, ids, sampled, logits, prompt)
+            return self._awaiting
+        return self._sample(ids, sampled, logits, prompt, [s.allowed for s in sampled])
+
+    def _sample(self, ids: list[str], sampled: list[SeqSlice], logits: torch.Tensor,
+                prompt: QueuedPromptLogprobs | None, allowed: list[bytes | None]) -> LaunchedStep:
+        """Queue the sampling of a forward's logits (penalties, masks, logprobs); the tokens go
+        to prev_tokens for the next step's placeholders."""
         params = [s.sampling for s in sampled]
         tokens = sample_on_device(
             process(logits, sampled, self.prev_tokens, self.penalty_counts), params, [s.end_pos for s in sampled],
-            [s.suppress_token_ids for s in sampled], self.generator, [s.allowed for s in sampled],
+            [s.suppress_token_ids for s in sampled], self.generator, allowed,
         )
         logprobs = queue_logprobs(logits, tokens, params)
         n = min(len(ids), self.prev_tokens.numel())

@@ -93,20 +93,36 @@ def test_a_chunked_prompt_gets_a_mask_only_on_its_sampled_chunk():
     assert last.seqs[0].sample and allowed_ids(last.seqs[0].allowed)[:2] == [0, 2]
 
 
-def test_no_overlapped_step_while_a_guided_sequence_runs():
+def test_an_overlapped_step_leaves_guided_masks_pending_until_the_step_before_is_applied():
     sched = scheduler()
     sched.add(make(False, "f", max_tokens=20))
+    sched.add(make(True, "g", max_tokens=3))
     first = sched.schedule()
-    assert sched.schedule_next() is not None  # plain sequences overlap
-    sched.update(first, StepOutput(sampled={"f": 7}))
-    sched.update(sched._last, StepOutput(sampled={"f": 7}))
-    sched.add(make(True, "g", max_tokens=1))
-    step = sched.schedule()
-    assert sched.schedule_next() is None  # g's next mask needs the token on the way
-    sched.update(step, StepOutput(sampled={"f": 7, "g": 4}))  # g ends (max_tokens 1)
-    step = sched.schedule()
-    assert [sl.request_id for sl in step.seqs] == ["f"]
-    assert sched.schedule_next() is not None
+    assert {sl.request_id: sl.allowed is not None for sl in first.seqs} == {"f": False, "g": True}
+    nxt = sched.schedule_next()  # g's mask needs the token first samples
+    by_id = {sl.request_id: sl for sl in nxt.seqs}
+    assert by_id["g"].mask_pending and by_id["g"].allowed is None and by_id["g"].prev_row >= 0
+    assert not by_id["f"].mask_pending
+    sched.update(first, StepOutput(sampled={"f": 7, "g": 0}))
+    masks = sched.pending_masks(nxt)
+    assert list(masks) == ["g"] and allowed_ids(masks["g"]) == list(range(0, VOCAB - 2, 2))  # one token in
+    sched.update(nxt, StepOutput(sampled={"f": 7, "g": 2}))
+    third = sched.schedule_next() or sched.schedule()
+    sched.update(third, StepOutput(sampled={"f": 7, "g": 4}))  # g ends (max_tokens 3)
+    assert sched.get("g") is None and sched._guided == 0
+
+
+def test_a_sequence_ended_meanwhile_gets_no_pending_mask():
+    sched = scheduler()
+    sched.add(make(True, "g", max_tokens=20))
+    first = sched.schedule()
+    nxt = sched.schedule_next()
+    assert nxt.seqs[0].mask_pending
+    sched.abort("g")  # in a step: ends at its update
+    sched.update(first, StepOutput(sampled={"g": 0}))
+    assert sched.pending_masks(nxt) == {}
+    sched.update(nxt, StepOutput(sampled={"g": 1}))  # its token is dropped, not fed to the guide
+    assert sched._guided == 0 and sched.blocks.num_free == sched.blocks.num_total
 
 
 def test_a_token_the_guide_refuses_aborts_the_request_and_leaks_nothing():

@@ -176,6 +176,14 @@ def test_the_engine_loop_keeps_guided_requests_to_their_language(offline_runner,
     }
     sched = Scheduler(SchedulerConfig(max_model_len=512), BlockManager(runner.num_blocks, runner.block_size),
                       guide_masks=guides.masks)
+    pending, real_launch = [], runner.launch
+
+    def launch(step, hook=None):  # counts the overlapped steps that sampled once given masks
+        out = real_launch(step, hook)
+        pending.append(getattr(out, "needs_masks", False))
+        return out
+
+    runner.launch = launch
     loop = EngineLoop(sched, runner, overlap=True)
     tokens: dict[str, list[int]] = {k: [] for k in cases}
     finish: dict[str, Finish] = {}
@@ -196,6 +204,8 @@ def test_the_engine_loop_keeps_guided_requests_to_their_language(offline_runner,
         assert done.wait(120), f"unfinished: {set(cases) - set(finish)}"
     finally:
         loop.stop()
+        del runner.launch
+    assert sum(pending) >= 10, pending  # guided rows rode overlapped steps
     text = {k: tokenizer.decode(v[:-1] if finish[k] is Finish.STOP else v) for k, v in tokens.items()}
     for rid in ("json", "choice", "regex", "object"):
         assert finish[rid] is Finish.STOP and tokens[rid][-1] in eos, (rid, text[rid])
