@@ -13,7 +13,7 @@ openai = pytest.importorskip("openai")  # a test extra (pyproject.toml); the GPU
 
 from pdserve.client import Client, build_request  # noqa: E402
 from pdserve.launch import Stack, free_port  # noqa: E402
-from pdtest.stack import assert_no_leaks  # noqa: E402
+from pdtest.stack import assert_no_leaks, openai_client  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -30,11 +30,7 @@ def http(default_model_dir):
 
 @pytest.fixture
 def client(http):
-    stack, url = http
-    c = openai.OpenAI(base_url=url, api_key="x", max_retries=0)
-    yield c
-    c.close()
-    assert_no_leaks(stack)
+    yield from openai_client(*http)
 
 
 def test_models(client, default_model_dir):

@@ -12,7 +12,7 @@ import pytest
 openai = pytest.importorskip("openai")  # a test extra (pyproject.toml); the GPU machine lacks it
 
 from pdserve.launch import Stack, free_port  # noqa: E402
-from pdtest.stack import assert_no_leaks  # noqa: E402
+from pdtest.stack import openai_client  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -31,11 +31,7 @@ def http(default_model_dir):
 
 @pytest.fixture
 def client(http):
-    stack, url = http
-    c = openai.OpenAI(base_url=url, api_key="x", max_retries=0)
-    yield c
-    c.close()
-    assert_no_leaks(stack)
+    yield from openai_client(*http)
 
 
 def test_chat_json_schema_gives_an_object_of_that_schema(client):

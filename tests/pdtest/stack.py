@@ -30,3 +30,14 @@ def assert_no_leaks(stack, timeout: float = 5.0) -> None:
                 raise AssertionError(f"{role} leaked: free {s.free_blocks}/{s.total_blocks}, "
                                      f"running {s.running}, waiting {s.waiting}")
             time.sleep(0.05)
+
+
+def openai_client(stack, url: str):
+    """An OpenAI SDK client of the stack's HTTP face (no retries); yields it, then closes it
+    and checks the stack leaked nothing (a pytest fixture's body)."""
+    import openai
+
+    c = openai.OpenAI(base_url=url, api_key="x", max_retries=0)
+    yield c
+    c.close()
+    assert_no_leaks(stack)

@@ -151,6 +151,35 @@ def test_without_a_tokenizer_a_guided_request_is_refused(tmp_path):
     assert make_guide(None, SamplingParams()) is None
 
 
+def run_loop(runner, seqs: list[Sequence], guide_masks=None) -> tuple[dict[str, list[int]], dict[str, Finish]]:
+    """The sequences through one overlapped engine loop: tokens and finish by request (leak
+    check at the end)."""
+    sched = Scheduler(SchedulerConfig(max_model_len=256), BlockManager(runner.num_blocks - 1, runner.block_size),
+                      guide_masks=guide_masks)
+    loop = EngineLoop(sched, runner, overlap=True)
+    tokens: dict[str, list[int]] = {s.request_id: [] for s in seqs}
+    finish: dict[str, Finish] = {}
+    done = threading.Event()
+
+    def sink(ev) -> None:
+        if ev.token >= 0:
+            tokens[ev.request_id].append(ev.token)
+        if ev.finish is not None:
+            finish[ev.request_id] = ev.finish
+            if len(finish) == len(seqs):
+                done.set()
+
+    loop.start()
+    try:
+        for s in seqs:
+            loop.submit(s, sink)
+        assert done.wait(120), f"unfinished: {set(tokens) - set(finish)}"
+    finally:
+        loop.stop()
+    assert sched._guided == 0 and sched.blocks.num_free == sched.blocks.num_total
+    return tokens, finish
+
+
 def chat(tokenizer, text: str) -> list[int]:
     from gateway.tokenizer import encode_prompt
 
@@ -174,8 +203,6 @@ def test_the_engine_loop_keeps_guided_requests_to_their_language(offline_runner,
                                           guide=Guide(GuideKind.JSON, '{"type": "object", "maxProperties": 2}'))),
         "free": (free, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)),
     }
-    sched = Scheduler(SchedulerConfig(max_model_len=512), BlockManager(runner.num_blocks, runner.block_size),
-                      guide_masks=guides.masks)
     pending, real_launch = [], runner.launch
 
     def launch(step, hook=None):  # counts the overlapped steps that sampled once given masks
@@ -184,26 +211,11 @@ def test_the_engine_loop_keeps_guided_requests_to_their_language(offline_runner,
         return out
 
     runner.launch = launch
-    loop = EngineLoop(sched, runner, overlap=True)
-    tokens: dict[str, list[int]] = {k: [] for k in cases}
-    finish: dict[str, Finish] = {}
-    done = threading.Event()
-
-    def sink(ev) -> None:
-        if ev.token >= 0:
-            tokens[ev.request_id].append(ev.token)
-        if ev.finish is not None:
-            finish[ev.request_id] = ev.finish
-            if len(finish) == len(cases):
-                done.set()
-
-    loop.start()
     try:
-        for rid, (prompt, params) in cases.items():
-            loop.submit(Sequence(rid, list(prompt), params, eos, guide=make_guide(guides, params)), sink)
-        assert done.wait(120), f"unfinished: {set(cases) - set(finish)}"
+        seqs = [Sequence(rid, list(prompt), params, eos, guide=make_guide(guides, params))
+                for rid, (prompt, params) in cases.items()]
+        tokens, finish = run_loop(runner, seqs, guides.masks)
     finally:
-        loop.stop()
         del runner.launch
     assert sum(pending) >= 10, pending  # guided rows rode overlapped steps
     text = {k: tokenizer.decode(v[:-1] if finish[k] is Finish.STOP else v) for k, v in tokens.items()}
@@ -219,7 +231,6 @@ def test_the_engine_loop_keeps_guided_requests_to_their_language(offline_runner,
         prompt, params = cases[rid]
         assert tokens[rid] == generate(runner, [prompt], params, eos, guides)[0]
     assert tokens["free"] == generate(runner, [free], cases["free"][1], eos)[0]
-    assert sched._guided == 0 and sched.blocks.num_free == sched.blocks.num_total
 
 
 class StrideGuide:
@@ -239,33 +250,6 @@ class StrideGuide:
         ok = token in self.ids()
         self.steps += 1
         return ok
-
-
-def run_loop(runner, seqs: list[Sequence]) -> tuple[dict[str, list[int]], dict[str, Finish]]:
-    """The sequences through one overlapped engine loop: tokens and finish by request."""
-    sched = Scheduler(SchedulerConfig(max_model_len=256), BlockManager(runner.num_blocks - 1, runner.block_size))
-    loop = EngineLoop(sched, runner, overlap=True)
-    tokens: dict[str, list[int]] = {s.request_id: [] for s in seqs}
-    finish: dict[str, Finish] = {}
-    done = threading.Event()
-
-    def sink(ev) -> None:
-        if ev.token >= 0:
-            tokens[ev.request_id].append(ev.token)
-        if ev.finish is not None:
-            finish[ev.request_id] = ev.finish
-            if len(finish) == len(seqs):
-                done.set()
-
-    loop.start()
-    try:
-        for s in seqs:
-            loop.submit(s, sink)
-        assert done.wait(120), f"unfinished: {set(tokens) - set(finish)}"
-    finally:
-        loop.stop()
-    assert sched._guided == 0 and sched.blocks.num_free == sched.blocks.num_total
-    return tokens, finish
 
 
 @pytest.mark.gpu
