@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from pdserve.core.request import Sequence, SeqStatus, check_finish
 from pdserve.core.sampling import SamplingParams
-from pdserve.guided import GuideCompiler, make_guide
+from pdserve.core.request import TokenGuide
+from pdserve.guided import GuideCompiler
 from pdserve.runtime.loop import EngineLoop, Sink
 from pdserve.transfer.base import KvReceiver
 
@@ -67,11 +68,11 @@ class DecodeEngine:
         self.receiver.expect(request_id, table[hit:])
         return table[hit:], hit * self.blocks.block_size
 
-    def start(self, request_id: str, prompt: list[int], first_token: int, params: SamplingParams, sink: Sink) -> None:
-        """Turn a filled reservation into a running sequence whose next input is first_token.
-        ValidationError (naming `guide`, the reservation kept) when params.guide cannot be
-        followed or first_token already leaves it."""
-        guide = make_guide(self.guides, params, (first_token,))
+    def start(self, request_id: str, prompt: list[int], first_token: int, params: SamplingParams, sink: Sink,
+              guide: TokenGuide | None = None) -> None:
+        """Turn a filled reservation into a running sequence whose next input is first_token;
+        `guide`: params.guide's state past first_token (make_guide(self.guides, params, (first_token,))),
+        built by the caller off its event loop."""
         with self.loop.lock:
             res = self._reserved.get(request_id)
             if res is None:
@@ -110,7 +111,8 @@ class DecodeEngine:
             except KeyError:
                 return False
 
-    def generate(self, request_id: str, prompt: list[int], params: SamplingParams, sink: Sink) -> None:
+    def generate(self, request_id: str, prompt: list[int], params: SamplingParams, sink: Sink,
+                 guide: TokenGuide | None = None) -> None:
         """Colocated mode: queue a whole request here; it is prefilled (in chunks mixed into
         the decode steps) and decoded by the same scheduler, with no KV transfer."""
         max_len = self.loop.scheduler.cfg.max_model_len
@@ -120,7 +122,6 @@ class DecodeEngine:
         with self.loop.lock:
             if request_id in self._reserved or sched.get(request_id) or sched.in_step(request_id):
                 raise ValueError(f"request {request_id} already exists")
-        guide = make_guide(self.guides, params)
         self.loop.submit(Sequence(request_id, list(prompt), params, self.eos_ids, guide=guide), sink)
 
     def renew(self, request_id: str) -> bool:

@@ -16,6 +16,7 @@ from decode_service.subscriptions import Subscription, add_event
 from pdserve.core.block_manager import NoFreeBlocks
 from pdserve.core.kv_layout import KvLayout
 from pdserve.core.sampling import ValidationError
+from pdserve.guided import make_guide
 from pdserve.proto import worker_pb2, worker_pb2_grpc
 from pdserve.runtime.loop import Sink
 from pdserve.serving import sampling_from_wire
@@ -140,15 +141,25 @@ class DecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
             params = sampling_from_wire(request.sampling, self.vocab_size)
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"sampling.{e}")
+        guide = await self._guide(params, (request.first_token,), context)
         await self._kv_arrived(request.request_id)
         try:
-            self.engine.start(request.request_id, list(request.prompt_token_ids), request.first_token, params, sink)
+            self.engine.start(request.request_id, list(request.prompt_token_ids), request.first_token, params, sink,
+                              guide)
         except ReservationError as e:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
-        except ValidationError as e:  # the guide
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"sampling.{e}")
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+
+    async def _guide(self, params, generated: tuple[int, ...], context: grpc.aio.ServicerContext):
+        """params.guide's state past `generated` (None: free text), compiled off the event loop
+        (a guide new to this worker may take 0.1-1 s); INVALID_ARGUMENT naming it otherwise."""
+        if params.guide is None:
+            return None
+        try:
+            return await asyncio.to_thread(make_guide, self.engine.guides, params, generated)
+        except ValidationError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"sampling.{e}")
 
     async def _kv_arrived(self, rid: str) -> None:
         """Wait while the transfer's last chunk is on the way (bounded by the reservation's
@@ -166,10 +177,9 @@ class DecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
             params = sampling_from_wire(request.sampling, self.vocab_size)
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"sampling.{e}")
+        guide = await self._guide(params, (), context)
         try:
-            self.engine.generate(request.request_id, list(request.prompt_token_ids), params, sink)
-        except ValidationError as e:  # the guide
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"sampling.{e}")
+            self.engine.generate(request.request_id, list(request.prompt_token_ids), params, sink, guide)
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
 

@@ -6,6 +6,7 @@ workers, detokenizes incrementally and applies stop strings. Failures are Gatewa
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import json
@@ -151,12 +152,8 @@ class Generation:
         params = sampling_from_request(req.sampling)
         try:
             params.validate(self.model.vocab_size)
-            self._check_guide(params)
         except ValidationError as e:
-            if e.field != "guide":
-                raise
-            where = f"sampling.structured_output.{req.sampling.structured_output.WhichOneof('kind')}"
-            raise ValidationError(where, str(e).split(": ", 1)[-1]) from None
+            raise _public_guide_error(req, e) from None
         kind = req.WhichOneof("input")
         try:
             if kind == "text":
@@ -176,14 +173,19 @@ class Generation:
             raise ValidationError("sampling.stop_token_ids", "token id outside the vocabulary")
         return ids, params
 
-    def _check_guide(self, params: SamplingParams) -> None:
-        """Compile the request's guide here, so that a bad one is refused before dispatch."""
+    async def _check_guide(self, req: gateway_pb2.GenerateRequest, params: SamplingParams) -> None:
+        """Compile the request's guide (off the event loop: a big grammar takes 0.1-1 s), so that
+        a bad one is refused before dispatch, naming sampling.structured_output.<kind>."""
         if params.guide is None:
             return
-        if self.guides is None:
-            raise ValidationError("guide", "structured output needs the model's tokenizer.json, which "
-                                  "this gateway's model folder lacks")
-        self.guides.check(params.guide)
+        try:
+            if self.guides is None:
+                raise ValidationError("guide", "structured output needs the model's tokenizer.json, which "
+                                      "this gateway's model folder lacks")
+            await asyncio.to_thread(self.guides.check, params.guide)
+        except ValidationError as e:
+            e = _public_guide_error(req, e)
+            raise GatewayError(grpc.StatusCode.INVALID_ARGUMENT, str(e), field=e.field) from None
 
     def _checked(self, request, fill_max_tokens: bool) -> tuple[list[int], SamplingParams]:
         if isinstance(request, BadRequest):
@@ -197,6 +199,7 @@ class Generation:
                      fill_max_tokens: bool = False) -> AsyncIterator[gateway_pb2.GenerateResponse]:
         """Chunks, then one Complete; raises GatewayError (before or after chunks were sent)."""
         prompt, params = self._checked(request, fill_max_tokens)
+        await self._check_guide(request, params)
         with self.admission.enter() as ticket:
             job = flow.Job(rid, prompt, sampling_to_wire(params), self._first_finishes(prompt, params))
             text = TextAssembler(self.tokenizer, prompt, params, self.byte_table)
@@ -231,6 +234,14 @@ def _public_logprobs(lp, out: gateway_pb2.TokenLogprobs) -> None:
     out.top_logprobs.extend(lp.top_logprobs)
     if lp.HasField("rank"):
         out.rank = lp.rank
+
+
+def _public_guide_error(req: gateway_pb2.GenerateRequest, e: ValidationError) -> ValidationError:
+    """e, naming sampling.structured_output.<kind> where it names the guide."""
+    if e.field != "guide":
+        return e
+    where = f"sampling.structured_output.{req.sampling.structured_output.WhichOneof('kind')}"
+    return ValidationError(where, str(e).split(": ", 1)[-1])
 
 
 def _public_field(kind: str | None, field: str) -> str:

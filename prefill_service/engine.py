@@ -82,7 +82,8 @@ class PrefillEngine:
         The decode side already holds the first `remote_cached_tokens` (whole blocks) of the
         prompt: target.block_ids are the blocks after them, and only those are sent.
         ValidationError (naming `guide`) before anything starts when params.guide cannot be followed."""
-        guide = make_guide(self.guides, params)
+        # off the event loop: compiling a guide new to this worker may take 0.1-1 s
+        guide = await asyncio.to_thread(make_guide, self.guides, params) if params.guide is not None else None
         t_start = time.time_ns()
         handle = await asyncio.to_thread(self.sender.start, target, self.loop.runner.kv_pool)
         self._skip[request_id] = remote_cached_tokens // self.loop.scheduler.blocks.block_size
