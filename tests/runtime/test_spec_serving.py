@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from pdserve.core.block_manager import BlockManager
-from pdserve.core.request import Sequence
+from pdserve.core.request import Finish, Sequence
 from pdserve.core.sampling import SamplingParams
 from pdserve.core.scheduler import Scheduler, SchedulerConfig
 from pdserve.core.spec_schedule import DraftPlanner
@@ -153,3 +153,56 @@ def test_refuses_drafts_without_a_sampled_row() -> None:
     bad = SeqSlice("x", (1, 2, 3), 0, (0,), SamplingParams(temperature=0.0), False, (), 2)
     with pytest.raises(ValueError, match="num_drafts"):
         SpeculativeRunner(runner).execute(StepInput((bad,)))
+
+
+class OddGuide:
+    """A synthetic guide: only odd token ids (or one fixed id every 5th token) may come next."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def ids(self) -> list[int]:
+        return [9] if self.n % 5 == 4 else list(range(1, SPEC.vocab_size, 2))
+
+    def allowed(self) -> bytes:
+        out = bytearray((SPEC.vocab_size + 7) // 8)
+        for t in self.ids():
+            out[t // 8] |= 1 << (t % 8)
+        return bytes(out)
+
+    def accept(self, token: int) -> bool:
+        ok = token in self.ids()
+        self.n += 1
+        return ok
+
+
+def test_guided_requests_beside_speculated_ones() -> None:
+    """A guided request gets no drafts but shares verify steps with drafted ones: its tokens keep
+    to its guide (a refused one would abort it) and equal its run without speculation; the
+    drafted requests' tokens equal theirs without the guided one."""
+    runner = ModelRunner(SPEC, None, num_blocks=64, block_size=4, load_format="dummy", seed=3)
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+
+    def run(spec: bool, guided: bool) -> tuple[dict[str, list[int]], Scheduler]:
+        cfg = SchedulerConfig(max_num_batched_tokens=32, max_model_len=200)
+        sched = Scheduler(cfg, BlockManager(64, 4), DraftPlanner(CFG, 200) if spec else None)
+        engine = SpeculativeRunner(runner) if spec else runner
+        for i, p in enumerate(PROMPTS):
+            sched.add(Sequence(str(i), list(p), params, guide=OddGuide() if guided and i == 2 else None))
+        outs: dict[str, list[int]] = {}
+        while sched.has_work:
+            step = sched.schedule()
+            assert not any(sl.num_drafts for sl in step.seqs if sl.request_id == "2" and guided)
+            for ev in sched.update(step, engine.execute(step)):
+                outs.setdefault(ev.request_id, []).append(ev.token)
+                assert ev.finish in (None, Finish.LENGTH), ev
+        assert sched.blocks.num_free == sched.blocks.num_total and sched._guided == 0
+        return outs, sched
+
+    spec_guided, sched = run(True, True)
+    assert sched.spec.stats.accepted > 0  # the others were speculated
+    assert spec_guided["2"] == run(False, True)[0]["2"]
+    assert all(t % 2 == 1 for t in spec_guided["2"]) and spec_guided["2"][4::5] == [9] * 4
+    free = run(True, False)[0]
+    assert {k: v for k, v in spec_guided.items() if k != "2"} == {k: v for k, v in free.items() if k != "2"}
+    assert spec_guided["2"] != free["2"]
