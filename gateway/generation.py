@@ -180,8 +180,8 @@ class Generation:
             return
         try:
             if self.guides is None:
-                raise ValidationError("guide", "structured output needs the model's tokenizer.json, which "
-                                      "this gateway's model folder lacks")
+                raise ValidationError("guide", "structured output is off on this gateway: its model folder has no "
+                                      "tokenizer.json that llguidance can read (see its log)")
             await asyncio.to_thread(self.guides.check, params.guide)
         except ValidationError as e:
             e = _public_guide_error(req, e)

@@ -12,6 +12,7 @@ other whitespace): with free whitespace a small model can spend its whole budget
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
@@ -23,6 +24,8 @@ from llguidance.numpy import fill_next_token_bitmask_par
 
 from pdserve.core.request import TokenGuide
 from pdserve.core.sampling import Guide, GuideKind, SamplingParams, ValidationError
+
+log = logging.getLogger(__name__)
 
 JSON_OPTIONS = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
 CACHED_GUIDES = 128  # compiled matchers kept per compiler (a new request copies one)
@@ -65,9 +68,16 @@ class GuideCompiler:
 
     @classmethod
     def for_model(cls, model_dir: str | Path | None, eos_ids: Sequence[int]) -> GuideCompiler | None:
-        """The compiler of a model folder's tokenizer.json; None when it has none."""
+        """The compiler of a model folder's tokenizer.json; None (structured output refused,
+        the rest served) when it has none or llguidance cannot read it."""
         path = Path(model_dir) / "tokenizer.json" if model_dir is not None else None
-        return cls(path, eos_ids) if path is not None and path.is_file() else None
+        if path is None or not path.is_file():
+            return None
+        try:
+            return cls(path, eos_ids)
+        except (ValueError, RuntimeError) as e:
+            log.warning("structured output is off: llguidance cannot read %s (%s)", path, e)
+            return None
 
     @property
     def vocab_size(self) -> int:
@@ -132,6 +142,6 @@ def make_guide(guides: GuideCompiler | None, params: SamplingParams, generated: 
     if params.guide is None:
         return None
     if guides is None:
-        raise ValidationError("guide", "structured output needs the model's tokenizer.json, "
-                              "which this worker's model folder lacks")
+        raise ValidationError("guide", "structured output is off on this worker: its model folder has no "
+                              "tokenizer.json that llguidance can read (see its log)")
     return guides.new(params.guide, generated)
