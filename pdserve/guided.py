@@ -57,27 +57,41 @@ class LLGuide:
 
 
 class GuideCompiler:
-    """Compiles guides against one tokenizer (thread-safe) and computes a step's masks."""
+    """Compiles guides against one tokenizer (thread-safe) and computes a step's masks.
+
+    The tokenizer is read on first use (~0.3-1 s of CPU in llguidance), not at start: a
+    deployment that never asks for structured output never pays for it."""
 
     def __init__(self, tokenizer_json: str | Path, eos_ids: Sequence[int]) -> None:
-        eos = list(eos_ids) or None  # llguidance's own guess when the model names none
-        self._tokenizer = llguidance.LLTokenizer(str(tokenizer_json), eos_token=eos)
-        self._executor = llguidance.LLExecutor()  # a thread pool: one step's masks in parallel
+        self._path, self._eos = Path(tokenizer_json), list(eos_ids) or None  # None: llguidance's guess
+        self._tok: llguidance.LLTokenizer | None = None
+        self._broken: str | None = None  # why llguidance could not read the tokenizer
+        self._executor: llguidance.LLExecutor | None = None  # a thread pool: one step's masks at once
         self._compiled: OrderedDict[Guide, llguidance.LLMatcher] = OrderedDict()
         self._lock = threading.Lock()
 
     @classmethod
     def for_model(cls, model_dir: str | Path | None, eos_ids: Sequence[int]) -> GuideCompiler | None:
-        """The compiler of a model folder's tokenizer.json; None (structured output refused,
-        the rest served) when it has none or llguidance cannot read it."""
+        """The compiler of a model folder's tokenizer.json; None when it has none."""
         path = Path(model_dir) / "tokenizer.json" if model_dir is not None else None
-        if path is None or not path.is_file():
-            return None
-        try:
-            return cls(path, eos_ids)
-        except (ValueError, RuntimeError) as e:
-            log.warning("structured output is off: llguidance cannot read %s (%s)", path, e)
-            return None
+        return cls(path, eos_ids) if path is not None and path.is_file() else None
+
+    @property
+    def _tokenizer(self) -> llguidance.LLTokenizer:
+        """The tokenizer, read once; ValidationError naming `guide` if llguidance cannot read it
+        (structured output is then refused, everything else served)."""
+        with self._lock:
+            if self._tok is None and self._broken is None:
+                try:
+                    self._tok = llguidance.LLTokenizer(str(self._path), eos_token=self._eos)
+                    self._executor = llguidance.LLExecutor()
+                except (ValueError, RuntimeError) as e:
+                    self._broken = str(e)
+                    log.warning("structured output is off: llguidance cannot read %s (%s)", self._path, e)
+        if self._tok is None:
+            raise ValidationError("guide", f"structured output is off here: llguidance cannot read the model's "
+                                  f"tokenizer.json ({self._broken})")
+        return self._tok
 
     @property
     def vocab_size(self) -> int:

@@ -146,7 +146,11 @@ def test_a_guide_that_does_not_compile_is_refused_naming_the_field(guides, guide
 def test_without_a_tokenizer_a_guided_request_is_refused(tmp_path):
     assert GuideCompiler.for_model(tmp_path, (0,)) is None
     (tmp_path / "tokenizer.json").write_text('{"model": {"type": "WordLevel", "vocab": {"a": 0}}}')
-    assert GuideCompiler.for_model(tmp_path, (0,)) is None  # one llguidance cannot read: off, not a crash
+    unreadable = GuideCompiler.for_model(tmp_path, (0,))  # read on first use, not at start
+    for _ in range(2):  # refused by field, not a crash, every time
+        with pytest.raises(ValidationError, match="cannot read the model's tokenizer.json") as err:
+            make_guide(unreadable, SamplingParams(guide=Guide(GuideKind.REGEX, "a")))
+        assert err.value.field == "guide"
     with pytest.raises(ValidationError, match="tokenizer.json") as err:
         make_guide(None, SamplingParams(guide=Guide(GuideKind.REGEX, "a")))
     assert err.value.field == "guide"
