@@ -16,7 +16,7 @@ from decode_service.subscriptions import Subscription, add_event
 from pdserve.core.block_manager import NoFreeBlocks
 from pdserve.core.kv_layout import KvLayout
 from pdserve.core.sampling import ValidationError
-from pdserve.guided import make_guide
+from pdserve.guided import follow
 from pdserve.proto import worker_pb2, worker_pb2_grpc
 from pdserve.runtime.loop import Sink
 from pdserve.serving import sampling_from_wire
@@ -152,12 +152,10 @@ class DecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
 
     async def _guide(self, params, generated: tuple[int, ...], context: grpc.aio.ServicerContext):
-        """params.guide's state past `generated` (None: free text), compiled off the event loop
-        (a guide new to this worker may take 0.1-1 s); INVALID_ARGUMENT naming it otherwise."""
-        if params.guide is None:
-            return None
+        """params.guide's state past `generated` (None: free text; guided.follow); INVALID_ARGUMENT
+        naming it otherwise."""
         try:
-            return await asyncio.to_thread(make_guide, self.engine.guides, params, generated)
+            return await follow(self.engine.guides, params, generated)
         except ValidationError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"sampling.{e}")
 

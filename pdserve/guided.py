@@ -11,6 +11,7 @@ other whitespace): with free whitespace a small model can spend its whole budget
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import threading
@@ -148,6 +149,12 @@ class GuideCompiler:
 def _first_line(error: str) -> str:
     """llguidance's message without the source excerpt it appends."""
     return error.strip().splitlines()[0] if error.strip() else "invalid"
+
+
+async def follow(guides: GuideCompiler | None, params: SamplingParams,
+                 generated: tuple[int, ...] = ()) -> LLGuide | None:
+    """make_guide off the event loop (a guide new to this process may take 0.1-1 s to compile)."""
+    return await asyncio.to_thread(make_guide, guides, params, generated) if params.guide is not None else None
 
 
 def make_guide(guides: GuideCompiler | None, params: SamplingParams, generated: Iterable[int] = ()) -> LLGuide | None:

@@ -10,7 +10,7 @@ import time
 from pdserve.core.request import Finish, Sequence
 from pdserve.core.scheduler import TokenEvent
 from pdserve.core.sampling import SamplingParams
-from pdserve.guided import GuideCompiler, make_guide
+from pdserve.guided import GuideCompiler, follow
 from pdserve.core.step_io import StepInput
 from pdserve.runtime.loop import EngineLoop, LayerHook
 from pdserve.runtime.step_trace import StepTracer
@@ -82,8 +82,7 @@ class PrefillEngine:
         The decode side already holds the first `remote_cached_tokens` (whole blocks) of the
         prompt: target.block_ids are the blocks after them, and only those are sent.
         ValidationError (naming `guide`) before anything starts when params.guide cannot be followed."""
-        # off the event loop: compiling a guide new to this worker may take 0.1-1 s
-        guide = await asyncio.to_thread(make_guide, self.guides, params) if params.guide is not None else None
+        guide = await follow(self.guides, params)
         t_start = time.time_ns()
         handle = await asyncio.to_thread(self.sender.start, target, self.loop.runner.kv_pool)
         self._skip[request_id] = remote_cached_tokens // self.loop.scheduler.blocks.block_size

@@ -12,6 +12,7 @@ from pdserve.core.sampling import Guide, GuideKind, SamplingParams, ValidationEr
 from pdserve.core.scheduler import Scheduler, SchedulerConfig
 from pdserve.core.spec_schedule import draft_limit
 from pdserve.core.step_io import StepOutput
+from pdtest.masks import allowed_ids, bitmask
 
 VOCAB = 64
 
@@ -23,21 +24,13 @@ class EvenGuide:
         self.accepted: list[int] = []
 
     def allowed(self) -> bytes:
-        top = max(2, VOCAB - 2 * len(self.accepted))
-        bits = bytearray(VOCAB // 8)
-        for t in range(0, top, 2):
-            bits[t // 8] |= 1 << (t % 8)
-        return bytes(bits)
+        return bitmask(list(range(0, max(2, VOCAB - 2 * len(self.accepted)), 2)), VOCAB // 8)
 
     def accept(self, token: int) -> bool:
         if token % 2:
             return False
         self.accepted.append(token)
         return True
-
-
-def allowed_ids(mask: bytes) -> list[int]:
-    return [t for t in range(len(mask) * 8) if mask[t // 8] >> (t % 8) & 1]
 
 
 def make(guided: bool, rid: str = "g", max_tokens: int = 5) -> Sequence:

@@ -26,6 +26,7 @@ from pdserve.model.spec import ModelSpec
 from pdserve.runtime.runner import ModelRunner
 from pdserve.runtime.spec_graphs import VerifyGraphs
 from pdserve.runtime.spec_step import SpeculativeRunner
+from pdtest.masks import bitmask
 
 SPEC = ModelSpec.from_config_dict(dict(
     model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2, head_dim=16,
@@ -165,10 +166,7 @@ class OddGuide:
         return [9] if self.n % 5 == 4 else list(range(1, SPEC.vocab_size, 2))
 
     def allowed(self) -> bytes:
-        out = bytearray((SPEC.vocab_size + 7) // 8)
-        for t in self.ids():
-            out[t // 8] |= 1 << (t % 8)
-        return bytes(out)
+        return bitmask(self.ids(), (SPEC.vocab_size + 7) // 8)
 
     def accept(self, token: int) -> bool:
         ok = token in self.ids()

@@ -20,16 +20,10 @@ from pdserve.guided import GuideCompiler, make_guide
 from pdserve.runtime.loop import EngineLoop
 from pdserve.runtime.offline import generate
 from pdserve.runtime.sampler import mask_disallowed, sample_on_device
+from pdtest.masks import allowed_ids, bitmask
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer"}},
           "required": ["name", "age"], "additionalProperties": False}
-
-
-def bits(ids: list[int], nbytes: int) -> bytes:
-    out = bytearray(nbytes)
-    for t in ids:
-        out[t // 8] |= 1 << (t % 8)
-    return bytes(out)
 
 
 def test_mask_disallowed_matches_a_plain_loop():
@@ -37,7 +31,7 @@ def test_mask_disallowed_matches_a_plain_loop():
     vocab = 37  # not a multiple of 8: the last byte is partly past the vocabulary
     logits = torch.randn(5, vocab)
     keep = {0: rng.sample(range(vocab), 9), 2: [36], 3: rng.sample(range(16), 5)}
-    allowed = [bits(keep[0], 5), None, bits(keep[2], 5), bits(keep[3], 2), None]  # row 3: a short mask
+    allowed = [bitmask(keep[0], 5), None, bitmask(keep[2], 5), bitmask(keep[3], 2), None]  # row 3: a short mask
     before = logits.clone()
     out = mask_disallowed(logits, allowed)
     assert torch.equal(logits, before)  # the caller's tensor is left alone
@@ -51,7 +45,7 @@ def test_sampling_keeps_to_the_allowed_tokens():
     vocab, rows = 300, 4
     logits = torch.randn(rows, vocab)
     keep = [[5, 17, 250], [299], list(range(0, 300, 7)), [1, 2]]
-    allowed = [bits(k, 38) for k in keep]
+    allowed = [bitmask(k, 38) for k in keep]
     greedy = SamplingParams(temperature=0.0)
     drawn = SamplingParams(temperature=1.0, top_p=0.95)
     seen: list[set[int]] = [set() for _ in range(rows)]
@@ -99,7 +93,7 @@ def test_a_guide_accepts_its_text_then_allows_only_eos(guides, tokenizer, guide,
     g = guides.new(guide)
     assert all(g.accept(t) for t in tokenizer.encode(text, add_special_tokens=False))
     eos = guides._tokenizer.eos_tokens
-    assert [t for t in range(guides.vocab_size) if g.allowed()[t // 8] >> (t % 8) & 1] == list(eos)
+    assert allowed_ids(g.allowed(), guides.vocab_size) == list(eos)
 
 
 def test_masks_of_a_step_equal_each_guides_own(guides, tokenizer):
@@ -115,8 +109,7 @@ def test_masks_of_a_step_equal_each_guides_own(guides, tokenizer):
         def allowed(self) -> bytes:
             return b"\x05"
 
-    def ids(mask: bytes) -> list[int]:  # llguidance's own masks carry a few padding bytes
-        return [t for t in range(min(len(mask) * 8, guides.vocab_size)) if mask[t // 8] >> (t % 8) & 1]
+    ids = lambda mask: allowed_ids(mask, guides.vocab_size)  # noqa: E731 (llguidance's masks carry padding)
 
     batch = [states[0], Foreign(), *states[1:]]
     want = [ids(g.allowed()) for g in batch]
@@ -250,7 +243,7 @@ class StrideGuide:
         return [t for t in range(self.vocab) if (t * 7 + 13 * self.steps) % 5 == 0]
 
     def allowed(self) -> bytes:
-        return bits(self.ids(), (self.vocab + 7) // 8)
+        return bitmask(self.ids(), (self.vocab + 7) // 8)
 
     def accept(self, token: int) -> bool:
         ok = token in self.ids()
