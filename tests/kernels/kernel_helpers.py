@@ -56,3 +56,27 @@ def chi_square(tokens: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
 def chi2_999(df: int) -> float:
     z = 3.0902
     return df * (1 - 2 / (9 * df) + z * (2 / (9 * df)) ** 0.5) ** 3
+
+
+def grid(*factors: list) -> list:
+    """pytest params over factors (lists of values or pytest.param, a param's values filling one
+    or more arguments): their full product on a GPU; on CPU, where the Triton interpreter runs a
+    case in seconds, a subset holding every pair of values of any two factors (greedy: each
+    case taken is the one covering most pairs not yet covered)."""
+    import itertools
+
+    norm = [[p if hasattr(p, "values") else pytest.param(p, id=str(p)) for p in f] for f in factors]
+    product = list(itertools.product(*(range(len(f)) for f in norm)))
+    if DEVICE.type != "cpu" or len(norm) < 3:
+        chosen = product
+    else:
+        def pairs(case: tuple[int, ...]) -> set:
+            return {(i, case[i], j, case[j]) for i, j in itertools.combinations(range(len(case)), 2)}
+
+        left, chosen = set().union(*map(pairs, product)), []
+        while left:
+            best = max(product, key=lambda c: len(pairs(c) & left))  # first of the best: stable
+            chosen.append(best)
+            left -= pairs(best)
+    return [pytest.param(*(v for f, i in zip(norm, c) for v in f[i].values), id="-".join(
+        str(f[i].id) for f, i in zip(norm, c))) for c in chosen]

@@ -7,7 +7,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from kernel_helpers import DEVICE, DTYPES, assert_close, make_block_tables, make_pool  # noqa: E402
+from kernel_helpers import DEVICE, DTYPES, assert_close, grid, make_block_tables, make_pool  # noqa: E402
 
 from pdserve.kernels import reference  # noqa: E402
 from pdserve.kernels.decode_attention import decode_with_partitions, paged_decode_attention  # noqa: E402
@@ -100,9 +100,9 @@ def test_partition_on_132_sms_is_the_measured_best(batch: int, best: int) -> Non
     assert partition_for(batch, 8, 4096, 132) == best
 
 
-@pytest.mark.parametrize("tiles", ["masked", "tail"])
-@pytest.mark.parametrize(("head_dim", "partition"), [(64, 16), (80, 64)])
-@pytest.mark.parametrize("off32", [True, False], ids=["off32", "off64"])
+@pytest.mark.parametrize(("tiles", "head_dim", "partition", "off32"), grid(
+    ["masked", "tail"], [pytest.param(64, 16, id="64-16"), pytest.param(80, 64, id="80-64")],
+    [pytest.param(True, id="off32"), pytest.param(False, id="off64")]))
 def test_decode_wide_table_spreads_each_sequence(tiles: str, head_dim: int, partition: int, off32) -> None:
     """A table far wider than the sequences: each one spreads over the partitions in whole
     tiles (a 100-token one over 7 of 32 at partition 16), the rest stay empty; full tiles are

@@ -8,7 +8,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from kernel_helpers import DEVICE, DTYPES, assert_close, make_block_tables  # noqa: E402
+from kernel_helpers import DEVICE, DTYPES, assert_close, grid, make_block_tables  # noqa: E402
 
 from pdserve.kernels import reference  # noqa: E402
 from pdserve.kernels.decode_attention import decode_with_partitions  # noqa: E402
@@ -50,11 +50,12 @@ def _views(pool: torch.Tensor, d: int) -> tuple[torch.Tensor, ...]:
     return (kv.k, kv.v) + ((kv.k_scale, kv.v_scale) if kv.k_scale is not None else ())
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("hq", "hk", "d", "partial"), [(2, 2, 64, 1.0), (8, 2, 64, 1.0), (8, 1, 48, 0.5)],
-                         ids=["gqa1", "gqa4", "gqa8-d48-partial"])
-@pytest.mark.parametrize("qdtype", [None, torch.float8_e4m3fn, torch.int8], ids=["plain", "fp8", "int8"])
-@pytest.mark.parametrize("partition", [16, 256], ids=["split", "whole"])
+@pytest.mark.parametrize(("dtype", "hq", "hk", "d", "partial", "qdtype", "partition"), grid(
+    DTYPES,
+    [pytest.param(2, 2, 64, 1.0, id="gqa1"), pytest.param(8, 2, 64, 1.0, id="gqa4"),
+     pytest.param(8, 1, 48, 0.5, id="gqa8-d48-partial")],
+    [pytest.param(None, id="plain"), pytest.param(torch.float8_e4m3fn, id="fp8"), pytest.param(torch.int8, id="int8")],
+    [pytest.param(16, id="split"), pytest.param(256, id="whole")]))
 def test_fused_equals_the_two_kernels(dtype, hq: int, hk: int, d: int, partial: float, qdtype, partition: int) -> None:
     """Output and every pool byte equal rotary_write_kv + decode attention (same partitions:
     the 100-token sequence spreads over 7 at 16, so the writer is one program of several);

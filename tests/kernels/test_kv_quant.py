@@ -8,7 +8,7 @@ import torch
 pytest.importorskip("triton")
 
 
-from kernel_helpers import DEVICE, DTYPES, assert_close, make_block_tables  # noqa: E402
+from kernel_helpers import DEVICE, DTYPES, assert_close, grid, make_block_tables  # noqa: E402
 
 from pdserve.kernels import reference  # noqa: E402
 from pdserve.kernels.decode_attention import decode_with_partitions, paged_decode_attention  # noqa: E402
@@ -156,10 +156,9 @@ def test_scales_must_come_in_pairs() -> None:
         paged_decode_attention(q, kv.k, kv.v, tables, lens, 0.1)
 
 
-@pytest.mark.parametrize("qdtype", QDTYPES)
-@pytest.mark.parametrize("tiles", ["masked", "tail", "soft", "pairs"])
-@pytest.mark.parametrize("partition", [16, 64])
-@pytest.mark.parametrize("off32", [None, False], ids=["off32", "off64"])
+@pytest.mark.parametrize(("qdtype", "tiles", "partition", "off32"), grid(
+    QDTYPES, ["masked", "tail", "soft", "pairs"], [16, 64],
+    [pytest.param(None, id="off32"), pytest.param(False, id="off64")]))
 def test_decode_quantized_wide_table_odd_head_dim(qdtype, tiles, partition, off32) -> None:
     """A table wider than any sequence (most partitions empty, the rest split evenly in whole
     tiles: full unmasked tiles and a masked tail) and a head dim that is no power of two; the

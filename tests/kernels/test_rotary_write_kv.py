@@ -9,7 +9,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from kernel_helpers import DEVICE, DTYPES, assert_close  # noqa: E402
+from kernel_helpers import DEVICE, DTYPES, assert_close, grid  # noqa: E402
 
 from pdserve.kernels import reference  # noqa: E402
 from pdserve.kernels.rotary import rotary  # noqa: E402
@@ -43,10 +43,11 @@ def _unwritten_bytes(views: LayerKv, written: torch.Tensor) -> list[torch.Tensor
     return [x[~written].view(torch.uint8) for x in views if x is not None]
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("hq", "hk", "d", "partial"), [(4, 4, 64, 1.0), (8, 2, 64, 1.0), (8, 1, 48, 0.5)],
-                         ids=["gqa1", "gqa4", "gqa8-d48-partial"])
-@pytest.mark.parametrize("qdtype", [None, torch.float8_e4m3fn, torch.int8], ids=["plain", "fp8", "int8"])
+@pytest.mark.parametrize(("dtype", "hq", "hk", "d", "partial", "qdtype"), grid(
+    DTYPES,
+    [pytest.param(4, 4, 64, 1.0, id="gqa1"), pytest.param(8, 2, 64, 1.0, id="gqa4"),
+     pytest.param(8, 1, 48, 0.5, id="gqa8-d48-partial")],
+    [pytest.param(None, id="plain"), pytest.param(torch.float8_e4m3fn, id="fp8"), pytest.param(torch.int8, id="int8")]))
 def test_rotary_write_kv_matches_both_paths(dtype, hq: int, hk: int, d: int, partial: float, qdtype) -> None:
     """q equals rotary()'s; the cache (and scales) equal rotary() then write_kv() for every
     written slot, a padded token (slot -1) writes nothing, and every other slot keeps its bytes."""
