@@ -1,6 +1,9 @@
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# Test processes: the suite spends ~40 % of a serial run waiting on service processes, so two
+# workers fill a 2-core CI box; each test module stays on one worker (its stack starts once).
+TEST_WORKERS ?= 2
 STAMP := $(VENV)/.installed
 PROTOS := $(wildcard protos/pdserve/v1/*.proto)
 
@@ -10,7 +13,7 @@ run: $(STAMP)
 	$(BIN)/pdserve up --demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -ra
+	$(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadscope
 
 venv: $(STAMP)
 
