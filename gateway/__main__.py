@@ -7,6 +7,7 @@ import gc
 import logging
 import os
 import sys
+from pathlib import Path
 
 log = logging.getLogger("gateway")
 SERVICE = "pdserve-gateway"
@@ -14,6 +15,7 @@ SERVICE = "pdserve-gateway"
 
 def parser() -> argparse.ArgumentParser:
     from gateway import procs
+    from gateway.tools import PARSERS
     from pdserve.metrics import add_otlp_metrics_arg
     from pdserve.worker import add_model_args
 
@@ -33,6 +35,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--health-period", type=float, default=0.5, help="seconds between worker health/stats polls")
     p.add_argument("--health-warn-after", type=float, default=30.0,
                    help="log a WARNING for each worker not ready this many seconds after the gateway starts")
+    p.add_argument("--chat-template", default=None, metavar="FILE",
+                   help="a Jinja chat template to use instead of the model's (e.g. gateway/templates/chatml_tools.jinja, "
+                        "ChatML that shows tools and tool calls in the Hermes format)")
+    p.add_argument("--tool-call-parser", choices=PARSERS, default=None,
+                   help="read tool calls out of the text, enabling tool_choice \"auto\" on the OpenAI face")
     procs.add_args(p)
     return p
 
@@ -58,7 +65,13 @@ def build(args: argparse.Namespace):
         raise SystemExit(f"pdserve gateway: {e} (--prefill/--decode or --colocated)")
     router.queue_wait_s = args.queue_wait
     guides = GuideCompiler.for_model(model_dir, spec.eos_token_ids)
-    return Generation(info, load_tokenizer(model_dir), router, Admission(args.max_queued_requests), guides), router
+    tokenizer = load_tokenizer(model_dir)
+    if args.chat_template:
+        try:
+            tokenizer.chat_template = Path(args.chat_template).read_text()
+        except OSError as e:
+            raise SystemExit(f"pdserve gateway: --chat-template {args.chat_template}: {e.strerror}")
+    return Generation(info, tokenizer, router, Admission(args.max_queued_requests), guides), router
 
 
 async def amain(args: argparse.Namespace) -> None:
@@ -78,7 +91,7 @@ async def amain(args: argparse.Namespace) -> None:
     metrics.serve(args.metrics_port, gateway_metrics.registry, args.host)
     otlp = metrics.export_otlp(args.otlp_metrics_endpoint, gateway_metrics.registry, SERVICE)
     add_to_server(GatewayService(generation, gateway_metrics), server)
-    http = OpenAIServer(generation, gateway_metrics)
+    http = OpenAIServer(generation, gateway_metrics, tool_parser=args.tool_call_parser)
     names = ["pdserve.v1.Gateway"]
     health = serving.add_health(server, names)
     reflection.enable_server_reflection([*names, "grpc.health.v1.Health", reflection.SERVICE_NAME], server)

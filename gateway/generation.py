@@ -159,7 +159,7 @@ class Generation:
             if kind == "text":
                 ids = encode_prompt(self.tokenizer, text=req.text)
             elif kind == "chat":
-                ids = encode_prompt(self.tokenizer, messages=[(m.role, m.content) for m in req.chat.messages])
+                ids = encode_prompt(self.tokenizer, messages=req.chat.messages, tools=req.chat.tools)
             elif kind == "token_ids":
                 ids = encode_prompt(self.tokenizer, token_ids=list(req.token_ids.ids))
             else:
@@ -245,7 +245,7 @@ def _public_guide_error(req: gateway_pb2.GenerateRequest, e: ValidationError) ->
 
 
 def _public_field(kind: str | None, field: str) -> str:
-    if field.startswith("messages"):
+    if field.startswith(("messages", "tools")):
         return "chat." + field
     if field == "prompt_token_ids":
         return "token_ids.ids"

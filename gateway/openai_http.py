@@ -21,6 +21,7 @@ from aiohttp import web
 from opentelemetry import propagate
 
 from gateway import openai_schema as schema
+from gateway import tools
 from gateway.deadline import Deadline
 from gateway.errors import GatewayError
 from gateway.generation import UNKNOWN_MODEL, Generation
@@ -83,8 +84,10 @@ async def json_errors(request: web.Request, handler) -> web.StreamResponse:
 class OpenAIServer:
     """The aiohttp application and its listener; `start` binds, `stop` closes."""
 
-    def __init__(self, generation: Generation, metrics: GatewayMetrics | None = None) -> None:
+    def __init__(self, generation: Generation, metrics: GatewayMetrics | None = None,
+                 tool_parser: str | None = None) -> None:
         self.generation = generation
+        self.tool_parser = tool_parser  # reads the calls of tool_choice "auto" (gateway.tools.PARSERS)
         self.metrics = metrics
         self.words = schema.TokenText(generation.tokenizer, generation.byte_table)  # for logprobs
         self.runner: web.AppRunner | None = None
@@ -124,7 +127,8 @@ class OpenAIServer:
             body: dict = {}
             try:
                 body = await _json_body(request)
-                prompts = [schema.chat_request(body)] if chat else schema.completion_requests(body)
+                prompts = [schema.chat_request(body, self.tool_parser)] if chat else schema.completion_requests(body)
+                tool_choice = schema.tool_choice(body, prompts[0], self.tool_parser) if chat else None
                 echoed = schema.echo(body, chat)
                 reqs = schema.samples(body, prompts)
                 limit = self.generation.admission.max_queued
@@ -152,7 +156,8 @@ class OpenAIServer:
             reply = Reply(("chatcmpl-" if chat else "cmpl-") + rid, self.generation.model.name, chat,
                           per_prompt=len(reqs) // len(prompts), logprobs=self._logprobs(chat, reqs),
                           echo=[self._prompt_text(r) for r in reqs] if echoed else None,
-                          prompt_logprobs=prompt_logprobs)
+                          prompt_logprobs=prompt_logprobs,
+                          tool_choice=tool_choice)
             if stream:
                 return await reply.stream(request, firsts, streams, include_usage)
             return await reply.whole(firsts, streams)
@@ -204,11 +209,14 @@ class Reply:
     of the gateway chunk it comes from (sent even when their text is held back). With echo, the
     prompt's text (and its tokens' logprobs, when asked) come first: in a streamed answer, in one
     event before the generated ones. `prompt_logprobs`: each choice's vLLM `prompt_logprobs`, on
-    each choice (completions) or, once, on the response (chat, as vLLM); never streamed."""
+    each choice (completions) or, once, on the response (chat, as vLLM); never streamed.
+    `tool_choice` (chat): each choice's tool calls are read out of its text (gateway.tools)."""
 
     def __init__(self, oid: str, model: str, chat: bool, logprobs: list[schema.ChoiceLogprobs | None],
                  per_prompt: int = 1, echo: list[str] | None = None,
-                 prompt_logprobs: list[list[dict | None]] | None = None) -> None:
+                 prompt_logprobs: list[list[dict | None]] | None = None,
+                 tool_choice: tools.ToolChoice | None = None) -> None:
+        self.tool_choice = tool_choice
         self.oid, self.model, self.chat, self.per_prompt = oid, model, chat, per_prompt
         self.logprobs = logprobs
         self.echo = echo  # each choice's prompt text, which its text starts with (completions' echo)
@@ -253,7 +261,7 @@ class Reply:
             return error_response(e)
         obj = schema.envelope(self.kind, self.oid, self.model, [
             schema.choice(self.chat, "".join(texts[i]), schema.FINISH_NAMES.get(done[i].finish_reason), delta=False,
-                          index=i, logprobs=logprobs[i]) for i in range(len(firsts))])
+                          index=i, logprobs=logprobs[i], tool_choice=self.tool_choice) for i in range(len(firsts))])
         if self.prompt_logprobs is not None and self.chat:  # one prompt: vLLM puts them on the response
             obj["prompt_logprobs"] = self.prompt_logprobs[0]
         elif self.prompt_logprobs is not None:
@@ -275,6 +283,11 @@ class Reply:
             for i in range(len(firsts)):
                 await resp.write(sse(chunk(i, "", None, first=True)))
         done: dict[int, gateway_pb2.Complete] = {}
+        calls = [tools.ToolStream(self.tool_choice) for _ in firsts] if self.tool_choice is not None else None
+        deltas = lambda i, ds, finish=None, logprobs=None: [  # noqa: E731  (logprobs ride the first)
+            schema.envelope(kind, self.oid, self.model, [schema.delta_choice(d, finish if k == len(ds) - 1 else None, i,
+                                                                             logprobs if k == 0 else None)])
+            for k, d in enumerate(ds)]
         try:
             for i, text in enumerate(self.echo or ()):
                 await resp.write(sse(chunk(i, text, None, logprobs=self._opening(i, firsts[i]))))
@@ -282,11 +295,23 @@ class Reply:
                 async for i, msg in merged:
                     if msg.HasField("chunk"):
                         part = self._part(i, msg.chunk)
-                        if msg.chunk.text or (part is not None and any(part.values())):  # text or entries
+                        if calls is not None:
+                            ds = calls[i].feed(msg.chunk.text)
+                            if not ds and part is not None and any(part.values()):
+                                ds = [{}]
+                            for event in deltas(i, ds, logprobs=part):
+                                await resp.write(sse(event))
+                        elif msg.chunk.text or (part is not None and any(part.values())):  # text or entries
                             await resp.write(sse(chunk(i, msg.chunk.text, None, logprobs=part)))
                         continue
                     done[i] = msg.complete
-                    await resp.write(sse(chunk(i, "", schema.FINISH_NAMES.get(msg.complete.finish_reason))))
+                    finish = schema.FINISH_NAMES.get(msg.complete.finish_reason)
+                    if calls is not None:
+                        ds, finish = calls[i].close(finish)
+                        for event in deltas(i, [*ds, {}], finish):
+                            await resp.write(sse(event))
+                    else:
+                        await resp.write(sse(chunk(i, "", finish)))
             if include_usage:
                 await resp.write(sse({**schema.envelope(kind, self.oid, self.model, []),
                                       "usage": self.usage([done[i] for i in range(len(firsts))])}))

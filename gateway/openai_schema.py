@@ -30,6 +30,7 @@ from typing import Any
 
 import grpc
 
+from gateway import tools
 from gateway.detokenizer import ByteTable
 from gateway.errors import GatewayError
 from gateway.generation import sampling_from_request
@@ -107,6 +108,8 @@ def sampling(body: dict, chat: bool) -> gateway_pb2.SamplingParams:
     """The sampling fields of a completions or chat body (unset ones stay unset)."""
     for name, neutral in UNSUPPORTED.items():
         value = body.get(name)
+        if chat and name in ("tools", "tool_choice"):  # gateway.tools reads them
+            continue
         if value is not None and not any(_same(value, v) for v in neutral):
             shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
             raise bad(name, f"{shown} is not supported by this server" if neutral else "is not supported by this server")
@@ -248,13 +251,20 @@ def _schema_text(value: Any, param: str, text: bool) -> str:
 def as_sent(e: GatewayError, body: dict) -> GatewayError:
     """e naming the body's parameter where it names the gateway's structured output
     (sampling.structured_output.<kind>, refused when compiled): response_format.json_schema.schema,
-    guided_json, structured_outputs.regex, ... as the body asked; any other error as it is."""
+    guided_json, structured_outputs.regex, ... as the body asked, or the tools' parameters where
+    tool_choice asked for it; any other error as it is."""
     if not (e.field or "").startswith("sampling.structured_output"):
         return e
     asked = _structured_output(body)
-    if asked is None:
+    if asked is not None:
+        param = asked[0]
+    elif body.get("tools"):  # tool_choice's guide: a named function's parameters, or all of them
+        named = body.get("tool_choice") if isinstance(body.get("tool_choice"), dict) else {}
+        names = [t.get("function", {}).get("name") for t in body["tools"]]
+        name = (named.get("function") or {}).get("name")
+        param = f"tools[{names.index(name)}].function.parameters" if name in names else "tools"
+    else:
         return e
-    param = asked[0]
     tail = e.message[len(e.field):] if e.message.startswith(e.field + ":") else f": {e.message}"
     return GatewayError(e.code, param + tail, e.retry_after_ms, param)
 
@@ -350,8 +360,10 @@ def completion_requests(body: dict) -> list[gateway_pb2.GenerateRequest]:
     return reqs
 
 
-def chat_request(body: dict) -> gateway_pb2.GenerateRequest:
-    """A GenerateRequest from a /v1/chat/completions body."""
+def chat_request(body: dict, tool_parser: str | None = None) -> gateway_pb2.GenerateRequest:
+    """A GenerateRequest from a /v1/chat/completions body. Its tools go to the chat template; a
+    tool_choice of a named function or "required" constrains the output (so not with another
+    structured output); `tool_choice` reads what it asks of the answer."""
     req = gateway_pb2.GenerateRequest(model=_model(body), sampling=sampling(body, chat=True))
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -359,8 +371,52 @@ def chat_request(body: dict) -> gateway_pb2.GenerateRequest:
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise bad(f"messages[{i}]", "must be an object with a string role")
-        req.chat.messages.add(role=m["role"], content=_content(m.get("content"), i))
+        msg = req.chat.messages.add(role=m["role"], content=_content(m.get("content"), i))
+        _tool_fields(msg, m, i)
+    req.chat.tools.extend(tools.parse_tools(body))
+    choice = tools.parse_choice(body, list(req.chat.tools), tool_parser)
+    wanted = tools.guide(choice, list(req.chat.tools))
+    if wanted is not None:
+        asked = _structured_output(body)
+        if asked is not None:
+            raise bad("tool_choice", f"{choice.mode!r} constrains the output: not with {asked[0]}"
+                      if choice.mode == "required" else f"a named function constrains the output: not with {asked[0]}")
+        req.sampling.structured_output.CopyFrom(wanted)
     return req
+
+
+def tool_choice(body: dict, req: gateway_pb2.GenerateRequest, tool_parser: str | None) -> tools.ToolChoice | None:
+    """What a chat body (made into req by chat_request) asks of its answer's tool calls: None
+    where the answer is plain text (no tools, or tool_choice "none")."""
+    choice = tools.parse_choice(body, list(req.chat.tools), tool_parser)
+    return None if choice.mode == "none" else choice
+
+
+def _tool_fields(msg: gateway_pb2.ChatMessage, m: dict, i: int) -> None:
+    """An assistant message's tool_calls, a tool message's tool_call_id and name, into msg."""
+    for key in ("tool_call_id", "name"):
+        if m.get(key) is not None:
+            if not isinstance(m[key], str):
+                raise bad(f"messages[{i}].{key}", f"must be a string, got {m[key]!r:.40}")
+            setattr(msg, key, m[key])
+    calls = m.get("tool_calls")
+    if calls is None:
+        return
+    if not isinstance(calls, list):
+        raise bad(f"messages[{i}].tool_calls", "must be a list of tool calls")
+    for j, c in enumerate(calls):
+        where = f"messages[{i}].tool_calls[{j}]"
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise bad(f"{where}.function", 'must be an object like {"name": ..., "arguments": "{...}"}')
+        arguments = fn.get("arguments", "{}")
+        try:
+            parsed = json.loads(arguments) if isinstance(arguments, str) else None
+        except ValueError:
+            parsed = None
+        if not isinstance(parsed, dict):
+            raise bad(f"{where}.function.arguments", f"must be the JSON text of an object, got {arguments!r:.40}")
+        msg.tool_calls.add(id=str(c.get("id") or ""), name=fn["name"], arguments=arguments)
 
 
 def samples(body: dict, reqs: list[gateway_pb2.GenerateRequest]) -> list[gateway_pb2.GenerateRequest]:
@@ -384,7 +440,7 @@ def samples(body: dict, reqs: list[gateway_pb2.GenerateRequest]) -> list[gateway
 
 
 def _content(content: Any, i: int) -> str:
-    if content is None or isinstance(content, str):
+    if content is None or isinstance(content, str):  # null: an assistant message of tool calls
         return content or ""
     if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
                                          and isinstance(p.get("text"), str) for p in content):
@@ -415,15 +471,23 @@ def envelope(kind: str, rid: str, model: str, choices: list[dict]) -> dict:
 
 
 def choice(chat: bool, text: str, finish: str | None, delta: bool, first: bool = False, index: int = 0,
-           logprobs: dict | None = None) -> dict:
-    """One choice: chat message/delta or completion text, with its logprobs and finish reason."""
+           logprobs: dict | None = None, tool_choice: tools.ToolChoice | None = None) -> dict:
+    """One choice: chat message/delta or completion text, with its logprobs and finish reason; a
+    whole chat answer under a tool choice has its calls read out of the text (tools.message)."""
     if not chat:
         return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
     if not delta:
-        return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
-                "finish_reason": finish}
+        message = {"role": "assistant", "content": text}
+        if tool_choice is not None:
+            message, finish = tools.message(tool_choice, text, finish)
+        return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish}
     d = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
-    return {"index": index, "delta": d, "logprobs": logprobs, "finish_reason": finish}
+    return delta_choice(d, finish, index, logprobs)
+
+
+def delta_choice(delta: dict, finish: str | None, index: int, logprobs: dict | None = None) -> dict:
+    """A streamed chat choice with the given delta."""
+    return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
 
 
 class TokenText:

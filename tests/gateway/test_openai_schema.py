@@ -21,12 +21,15 @@ from pdserve.proto import gateway_pb2
 CHAT = {"model": "", "messages": [{"role": "user", "content": "Hi"}]}
 
 
-@pytest.mark.parametrize("name, value", [
-    ("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "required"),
-    ("functions", [{"name": "f"}]), ("function_call", {"name": "f"}), ("suffix", "end"), ("best_of", 2),
+@pytest.mark.parametrize("name, value, chat_too", [
+    ("tools", [{"type": "function", "function": {"name": "f"}}], False), ("tool_choice", "required", False),
+    ("functions", [{"name": "f"}], True), ("function_call", {"name": "f"}, True), ("suffix", "end", True),
+    ("best_of", 2, True),
 ])
-def test_unsupported_values_are_refused_by_name(name, value):
-    for build, body in ((chat_request, CHAT), (completion_requests, {"model": "", "prompt": "Hi"})):
+def test_unsupported_values_are_refused_by_name(name, value, chat_too):
+    """Refused on /v1/completions; tools and tool_choice are chat's (gateway.tools)."""
+    builds = ((chat_request, CHAT),) if chat_too else ()
+    for build, body in (*builds, (completion_requests, {"model": "", "prompt": "Hi"})):
         with pytest.raises(GatewayError) as err:
             build({**body, name: value})
         assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT and err.value.field == name

@@ -1,0 +1,230 @@
+"""Tool calling on the OpenAI face: `tools` and `tool_choice` in, `tool_calls` out.
+
+The gRPC API carries the tools to the chat template (ChatMessages.tools) and a structured output;
+this module maps OpenAI's parameters onto those and reads the calls back out of the text:
+
+- `tool_choice` {"type": "function", "function": {"name": N}}: the output is constrained to N's
+  parameters schema and is N's arguments (finish_reason "stop", as OpenAI for a forced function);
+- "required": the output is constrained to a JSON array of {"name", "parameters"} items, one of
+  the tools each, at least one (one at most with parallel_tool_calls false): finish "tool_calls";
+- "auto" (the default when tools are given): the model writes freely and the gateway's
+  --tool-call-parser reads its calls out of the text; without a parser "auto" is refused by name,
+  as vLLM does (the calls could not be told from text);
+- "none": the tools reach the template, the text is the answer.
+
+A call's arguments are JSON text. Text the parser cannot read as calls stays the answer's content.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from gateway.errors import GatewayError
+from pdserve.proto import gateway_pb2
+
+PARSERS = ("hermes",)
+HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
+
+
+def _bad(param: str, message: str) -> GatewayError:
+    return GatewayError(grpc.StatusCode.INVALID_ARGUMENT, f"{param}: {message}", field=param)
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    """What a request asks of its tools: mode "none", "auto", "required" or "named" (then `name`)."""
+
+    mode: str
+    name: str = ""
+    parallel: bool = True
+
+
+def parse_tools(body: dict) -> list[gateway_pb2.Tool]:
+    """The body's `tools` (OpenAI function tools) as Tool messages; [] when absent."""
+    value = body.get("tools")
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise _bad("tools", "must be a list of {\"type\": \"function\", \"function\": {...}} objects")
+    tools, names = [], set()
+    for i, item in enumerate(value):
+        where = f"tools[{i}]"
+        if not isinstance(item, dict) or item.get("type", "function") != "function":
+            raise _bad(f"{where}.type", "only function tools are supported: {\"type\": \"function\", ...}")
+        fn = item.get("function")
+        if not isinstance(fn, dict):
+            raise _bad(f"{where}.function", "must be an object with a name")
+        name = fn.get("name")
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name):
+            raise _bad(f"{where}.function.name", f"must be 1-64 letters, digits, _ . or -, got {name!r:.40}")
+        if name in names:
+            raise _bad(f"{where}.function.name", f"{name!r} is given twice")
+        names.add(name)
+        description = fn.get("description") or ""
+        if not isinstance(description, str):
+            raise _bad(f"{where}.function.description", "must be a string")
+        params = fn.get("parameters")
+        if params is not None and not isinstance(params, dict):
+            raise _bad(f"{where}.function.parameters", f"must be a JSON schema (an object), got {params!r:.40}")
+        if fn.get("strict") is not None and not isinstance(fn["strict"], bool):
+            raise _bad(f"{where}.function.strict", "must be a boolean")
+        tools.append(gateway_pb2.Tool(name=name, description=description,
+                                      parameters=json.dumps(params) if params is not None else ""))
+    return tools
+
+
+def parse_choice(body: dict, tools: list[gateway_pb2.Tool], parser: str | None) -> ToolChoice:
+    """The body's `tool_choice` (default "auto" with tools, "none" without) against its tools."""
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise _bad("parallel_tool_calls", f"must be a boolean, got {parallel!r:.40}")
+    value = body.get("tool_choice")
+    if value is None:
+        value = "auto" if tools else "none"
+    if isinstance(value, dict):
+        fn = value.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if value.get("type") != "function" or not isinstance(name, str):
+            raise _bad("tool_choice", 'must be "none", "auto", "required" or '
+                                      '{"type": "function", "function": {"name": ...}}')
+        if name not in {t.name for t in tools}:
+            raise _bad("tool_choice.function.name", f"{name!r:.64} is not one of the request's tools")
+        return ToolChoice("named", name, parallel is not False)
+    if value not in ("none", "auto", "required"):
+        raise _bad("tool_choice", f'must be "none", "auto", "required" or a function, got {value!r:.40}')
+    if value != "none" and not tools:
+        raise _bad("tool_choice", f"{value!r} needs tools")
+    if value == "auto" and parser is None:
+        raise _bad("tool_choice", '"auto" needs a gateway started with --tool-call-parser (hermes); '
+                                  'ask for "required", a named function or "none", or give no tools')
+    return ToolChoice(value, "", parallel is not False)
+
+
+def guide(choice: ToolChoice, tools: list[gateway_pb2.Tool]) -> gateway_pb2.StructuredOutput | None:
+    """The structured output a choice needs: a named function's parameters, or for "required" an
+    array of calls of the tools; None for "auto" and "none"."""
+    schemas = {t.name: json.loads(t.parameters) if t.parameters else {"type": "object"} for t in tools}
+    if choice.mode == "named":
+        return gateway_pb2.StructuredOutput(json_schema=json.dumps(schemas[choice.name]))
+    if choice.mode != "required":
+        return None
+    call = [{"type": "object", "properties": {"name": {"const": n}, "parameters": s},
+             "required": ["name", "parameters"], "additionalProperties": False} for n, s in schemas.items()]
+    array: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": call}}
+    if not choice.parallel:
+        array["maxItems"] = 1
+    return gateway_pb2.StructuredOutput(json_schema=json.dumps(array))
+
+
+def _call(index: int, name: str, arguments: str) -> dict:
+    return {"index": index, "id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            "function": {"name": name, "arguments": arguments}}
+
+
+def read_calls(choice: ToolChoice, text: str) -> tuple[str | None, list[dict]] | None:
+    """(content, calls) read from a whole answer's text, or None where it holds no calls (the text
+    is then the content). Calls are OpenAI tool_calls items with their `index`."""
+    if choice.mode == "named":
+        return None, [_call(0, choice.name, text)]
+    if choice.mode == "required":
+        try:
+            items = json.loads(text)
+        except ValueError:  # cut short (finish "length"): the text is what there is
+            return None
+        if not isinstance(items, list) or not all(isinstance(c, dict) and isinstance(c.get("name"), str)
+                                                  and "parameters" in c for c in items):
+            return None
+        return None, [_call(i, c["name"], json.dumps(c["parameters"])) for i, c in enumerate(items)]
+    if choice.mode == "auto":
+        return _hermes(text)
+    return None
+
+
+def _hermes(text: str) -> tuple[str | None, list[dict]] | None:
+    """Hermes-format calls: <tool_call>{"name": ..., "arguments": {...}}</tool_call>, one or more,
+    the last one possibly unclosed (the model stopped); the text before the first is the content."""
+    start = text.find(HERMES_OPEN)
+    if start < 0:
+        return None
+    calls = []
+    for i, m in enumerate(re.finditer(r"<tool_call>(.*?)(?:</tool_call>|\Z)", text[start:], re.DOTALL)):
+        try:
+            item = json.loads(m.group(1))
+        except ValueError:
+            return None
+        args = item.get("arguments", {}) if isinstance(item, dict) else None
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str) or not isinstance(args, (dict, str)):
+            return None
+        calls.append(_call(i, item["name"], args if isinstance(args, str) else json.dumps(args)))
+    content = text[:start]
+    return (content if content.strip() else None), calls
+
+
+class ToolStream:
+    """One choice's streamed answer under a tool choice: `feed` each chunk's text and send the
+    deltas it returns; `close` at the end gives the last deltas and the finish reason.
+
+    A named function's arguments stream as they come. "required" holds the text back and sends
+    its calls at the end. "auto" sends content until a call may begin (text that could be the
+    start of the parser's opening tag waits), then holds the rest: its calls go at the end, or,
+    where they cannot be read, the held text as content."""
+
+    def __init__(self, choice: ToolChoice) -> None:
+        self.choice = choice
+        self.held = ""   # text not sent yet
+        self.sent = ""   # content sent so far
+        self.started = False  # a named function's call delta went out
+        self.calling = False  # "auto": the opening tag came; the rest is held
+
+    def feed(self, text: str) -> list[dict]:
+        if self.choice.mode == "named":
+            if not text and self.started:
+                return []
+            if not self.started:
+                self.started = True
+                return [{"tool_calls": [_call(0, self.choice.name, text)]}]
+            return [{"tool_calls": [{"index": 0, "function": {"arguments": text}}]}]
+        self.held += text
+        if self.choice.mode != "auto" or self.calling:
+            return []
+        at = self.held.find(HERMES_OPEN)
+        self.calling = at >= 0
+        cut = at if self.calling else len(self.held) - _tag_prefix(self.held, HERMES_OPEN)
+        out, self.held = self.held[:cut], self.held[cut:]
+        self.sent += out
+        return [{"content": out}] if out else []
+
+    def close(self, finish: str | None) -> tuple[list[dict], str | None]:
+        if self.choice.mode == "named":
+            return ([] if self.started else self.feed("")), finish
+        read = read_calls(self.choice, self.sent + self.held)
+        if read is None:
+            return ([{"content": self.held}] if self.held else []), finish
+        return [{"tool_calls": [c]} for c in read[1]], "tool_calls" if finish == "stop" else finish
+
+
+def _tag_prefix(text: str, tag: str) -> int:
+    """The length of the longest end of text that begins tag (0 if none)."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:n]):
+            return n
+    return 0
+
+
+def message(choice: ToolChoice, text: str, finish: str | None) -> tuple[dict, str | None]:
+    """A whole answer's chat message and finish reason under a tool choice."""
+    read = read_calls(choice, text) if choice.mode != "none" else None
+    if read is None:
+        return {"role": "assistant", "content": text}, finish
+    content, calls = read
+    for c in calls:
+        del c["index"]
+    if choice.mode != "named" and finish == "stop":
+        finish = "tool_calls"
+    return {"role": "assistant", "content": content, "tool_calls": calls}, finish

@@ -1,0 +1,118 @@
+"""Tool calling through the OpenAI HTTP face with the official `openai` client, on a gateway
+started with the shipped ChatML tools template and the Hermes parser: a named function and
+"required" constrain the output to calls of the request's tools; "auto" reads the calls the model
+writes (forced here with a regex, as the small model rarely calls a tool of itself); streamed
+answers assemble to the whole ones; earlier calls and tool results render in later turns."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+openai = pytest.importorskip("openai")  # a test extra (pyproject.toml); the GPU machine lacks it
+
+import gateway  # noqa: E402
+from pdserve.launch import Stack, free_port  # noqa: E402
+from pdtest.stack import openai_client  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+TEMPLATE = Path(gateway.__file__).parent / "templates" / "chatml_tools.jinja"
+CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24}}, "required": ["city"],
+        "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather of a city",
+                                           "parameters": CITY}},
+         {"type": "function", "function": {"name": "get_time", "description": "The time in a city", "parameters": CITY}}]
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+WEATHER = {"type": "function", "function": {"name": "get_weather"}}
+
+
+@pytest.fixture(scope="module")
+def http(default_model_dir):
+    port = free_port()
+    with Stack(model=str(default_model_dir), worker_args=["--max-model-len", "1024"],
+               gateway_args=["--max-model-len", "1024", "--http-port", str(port), "--chat-template", str(TEMPLATE),
+                             "--tool-call-parser", "hermes"]) as st:
+        yield st, f"http://127.0.0.1:{port}/v1"
+
+
+@pytest.fixture
+def client(http):
+    yield from openai_client(*http)
+
+
+def ask(client, stream: bool = False, **kw):
+    """(content, [(name, arguments)], finish_reason) of a greedy chat answer, whole or streamed."""
+    args = dict(model="", messages=ASK, tools=TOOLS, max_tokens=60, temperature=0)
+    args.update(kw)
+    if not stream:
+        c = client.chat.completions.create(**args).choices[0]
+        calls = [(t.function.name, t.function.arguments) for t in c.message.tool_calls or []]
+        assert all(t.id.startswith("call_") and t.type == "function" for t in c.message.tool_calls or [])
+        return c.message.content, calls, c.finish_reason
+    content, calls, finish = "", {}, None
+    for chunk in client.chat.completions.create(**args, stream=True):
+        d = chunk.choices[0].delta
+        content += d.content or ""
+        for t in d.tool_calls or []:
+            entry = calls.setdefault(t.index, ["", ""])
+            entry[0] += t.function.name or ""
+            entry[1] += t.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    return content or None, [tuple(calls[i]) for i in sorted(calls)], finish
+
+
+def test_a_named_function_gets_its_arguments(client):
+    content, calls, finish = ask(client, tool_choice=WEATHER)
+    assert content is None and finish == "stop" and [name for name, _ in calls] == ["get_weather"]
+    args = json.loads(calls[0][1])
+    assert list(args) == ["city"] and isinstance(args["city"], str)
+    assert ask(client, stream=True, tool_choice=WEATHER) == (None, calls, "stop")
+    # the same prompt and guide asked for as text: the arguments are that text
+    plain = client.chat.completions.create(model="", messages=ASK, tools=TOOLS, tool_choice="none", max_tokens=60,
+                                           temperature=0, extra_body={"guided_json": CITY})
+    assert plain.choices[0].message.content == calls[0][1] and not plain.choices[0].message.tool_calls
+
+
+def test_required_gets_calls_of_the_tools(client):
+    content, calls, finish = ask(client, tool_choice="required", parallel_tool_calls=False)
+    assert content is None and finish == "tool_calls" and len(calls) == 1
+    assert calls[0][0] in ("get_weather", "get_time") and set(json.loads(calls[0][1])) == {"city"}
+    assert ask(client, stream=True, tool_choice="required", parallel_tool_calls=False) == (None, calls, "tool_calls")
+
+
+def test_auto_reads_the_calls_the_model_writes(client):
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    forced = {"guided_regex": "Let me check\\. " + call.replace("{", "\\{").replace("}", "\\}")}
+    whole = ask(client, tool_choice="auto", extra_body=forced)
+    assert whole == ("Let me check. ", [("get_weather", '{"city": "Paris"}')], "tool_calls")
+    assert ask(client, stream=True, tool_choice="auto", extra_body=forced) == whole
+    content, calls, finish = ask(client, max_tokens=8)  # tools, no tool_choice: "auto"; the model answers in words
+    assert calls == [] and finish == "length" and content
+
+
+def test_earlier_calls_and_results_render_in_the_next_turn(client):
+    turns = [*ASK, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18 C and sunny"}]
+    r = client.chat.completions.create(model="", messages=turns, tools=TOOLS, tool_choice="none", max_tokens=8,
+                                       temperature=0)
+    assert r.choices[0].message.content and r.usage.prompt_tokens > 150  # the tools and both turns are in
+    turns[1]["tool_calls"][0]["function"]["arguments"] = "{city"
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="", messages=turns, tools=TOOLS, tool_choice="none", max_tokens=8)
+    assert err.value.body["param"] == "messages[1].tool_calls[0].function.arguments"
+
+
+def test_tool_refusals_name_the_parameter(client):
+    for kw, param in (({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice.function.name"),
+                      ({"tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice")):
+        with pytest.raises(openai.BadRequestError) as err:
+            ask(client, **kw)
+        assert err.value.body["param"] == param
+    broken = [TOOLS[0], {"type": "function", "function": {"name": "odd", "parameters": {"type": "foo"}}}]
+    with pytest.raises(openai.BadRequestError) as err:  # a schema llguidance refuses, found when compiled
+        ask(client, tool_choice={"type": "function", "function": {"name": "odd"}}, **{"tools": broken})
+    assert err.value.body["param"] == "tools[1].function.parameters"

@@ -1,0 +1,214 @@
+"""gateway.tools: OpenAI tools and tool_choice in, tool_calls out (whole and streamed)."""
+
+from __future__ import annotations
+
+import json
+
+import grpc
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.errors import GatewayError
+from gateway.openai_schema import chat_request, tool_choice
+from gateway.tokenizer import encode_prompt, load_tokenizer
+from gateway.tools import ToolChoice, ToolStream, guide, message, parse_tools, read_calls
+from pdserve.core.sampling import ValidationError
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather of a city", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+TIME = {"type": "function", "function": {"name": "get_time"}}
+CHAT = {"model": "", "messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": [WEATHER, TIME]}
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+def _refused(body: dict, field: str, parser: str | None = "hermes", match: str = "") -> str:
+    with pytest.raises(GatewayError) as err:
+        req = chat_request(body, parser)
+        tool_choice(body, req, parser)
+    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT and err.value.field == field, str(err.value)
+    assert str(err.value).startswith(field + ": ") and match in str(err.value)
+    return str(err.value)
+
+
+@pytest.mark.parametrize("tools, field", [
+    ({"name": "f"}, "tools"), ([{"type": "code_interpreter"}], "tools[0].type"), ([{"type": "function"}], "tools[0].function"),
+    ([{"function": {"name": "has space"}}], "tools[0].function.name"), ([WEATHER, WEATHER], "tools[1].function.name"),
+    ([{"function": {"name": "f", "parameters": "{}"}}], "tools[0].function.parameters"),
+    ([{"function": {"name": "f", "description": 3}}], "tools[0].function.description"),
+    ([{"function": {"name": "f", "strict": "yes"}}], "tools[0].function.strict"),
+])
+def test_bad_tools_are_refused_naming_the_field(tools, field):
+    _refused({**CHAT, "tools": tools}, field)
+
+
+@pytest.mark.parametrize("extra, field, match", [
+    ({"tool_choice": "always"}, "tool_choice", "must be"),
+    ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice.function.name", "not one of"),
+    ({"tool_choice": {"type": "function"}}, "tool_choice", "must be"),
+    ({"tools": [], "tool_choice": "required"}, "tool_choice", "needs tools"),
+    ({"parallel_tool_calls": "no"}, "parallel_tool_calls", "boolean"),
+    ({"tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice", "response_format"),
+    ({"tool_choice": {"type": "function", "function": {"name": "get_time"}}, "guided_regex": "a+"},
+     "tool_choice", "guided_regex"),
+])
+def test_bad_tool_choice_is_refused_naming_the_field(extra, field, match):
+    _refused({**CHAT, **extra}, field, match=match)
+
+
+def test_auto_needs_a_parser():
+    """tools without tool_choice mean "auto": only a gateway with --tool-call-parser can read calls."""
+    assert "--tool-call-parser" in _refused(CHAT, "tool_choice", parser=None)
+    assert "--tool-call-parser" in _refused({**CHAT, "tool_choice": "auto"}, "tool_choice", parser=None)
+    for choice in ("none", "required", {"type": "function", "function": {"name": "get_time"}}):
+        body = {**CHAT, "tool_choice": choice}
+        tool_choice(body, chat_request(body, None), None)  # no parser needed
+
+
+def test_the_request_carries_tools_and_the_guide_of_the_choice():
+    body = {**CHAT, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
+    req = chat_request(body, None)
+    assert [t.name for t in req.chat.tools] == ["get_weather", "get_time"]
+    assert json.loads(req.chat.tools[0].parameters) == WEATHER["function"]["parameters"] and not req.chat.tools[1].parameters
+    assert json.loads(req.sampling.structured_output.json_schema) == WEATHER["function"]["parameters"]
+    assert tool_choice(body, req, None) == ToolChoice("named", "get_weather")
+    for choice in ("none", "auto"):
+        body = {**CHAT, "tool_choice": choice}
+        req = chat_request(body, "hermes")
+        assert not req.sampling.HasField("structured_output")
+        assert (tool_choice(body, req, "hermes") is None) == (choice == "none")
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_required_asks_for_an_array_of_calls_of_the_tools(parallel):
+    req = chat_request({**CHAT, "tool_choice": "required", "parallel_tool_calls": parallel})
+    schema = json.loads(req.sampling.structured_output.json_schema)
+    assert schema["type"] == "array" and schema["minItems"] == 1 and ("maxItems" in schema) != parallel
+    names = [item["properties"]["name"]["const"] for item in schema["items"]["anyOf"]]
+    assert names == ["get_weather", "get_time"]
+    assert schema["items"]["anyOf"][0]["properties"]["parameters"] == WEATHER["function"]["parameters"]
+    assert schema["items"]["anyOf"][1]["properties"]["parameters"] == {"type": "object"}
+
+
+def test_the_guides_compile(default_model_dir):
+    """Both schemas are ones llguidance accepts (a named tool without parameters: any object)."""
+    from pdserve.core.sampling import Guide, GuideKind
+    from pdserve.guided import GuideCompiler
+    from pdserve.model.spec import ModelSpec
+
+    compiler = GuideCompiler.for_model(default_model_dir, ModelSpec.from_dir(default_model_dir).eos_token_ids)
+    tools = parse_tools(CHAT)
+    for choice in (ToolChoice("required"), ToolChoice("required", parallel=False), ToolChoice("named", "get_time")):
+        compiler.check(Guide(GuideKind.JSON, guide(choice, tools).json_schema))
+
+
+@pytest.mark.parametrize("text, content, calls", [
+    (CALL, None, [("get_weather", {"city": "Paris"})]),
+    ("Let me look.\n" + CALL, "Let me look.\n", [("get_weather", {"city": "Paris"})]),
+    (CALL + "\n" + CALL.replace("Paris", "Rome"), None, [("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Rome"})]),
+    ('<tool_call>{"name": "get_time", "arguments": {}}', None, [("get_time", {})]),  # stopped before the close
+    ('<tool_call>{"name": "get_time", "arguments": "{\\"tz\\": 1}"}</tool_call>', None, [("get_time", {"tz": 1})]),
+])
+def test_hermes_calls_are_read(text, content, calls):
+    got_content, got = read_calls(ToolChoice("auto"), text)
+    assert got_content == content
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in got] == calls
+    assert [c["index"] for c in got] == list(range(len(calls))) and len({c["id"] for c in got}) == len(got)
+
+
+@pytest.mark.parametrize("text", ["Paris is sunny.", "<tool_call>{not json}</tool_call>", '<tool_call>["a"]</tool_call>',
+                                  '<tool_call>{"arguments": {}}</tool_call>', '<tool_call>{"name": "f", "arguments": 3}'])
+def test_text_without_readable_calls_stays_the_content(text):
+    assert read_calls(ToolChoice("auto"), text) is None
+    assert message(ToolChoice("auto"), text, "stop") == ({"role": "assistant", "content": text}, "stop")
+
+
+def test_messages_and_finish_reasons():
+    named, finish = message(ToolChoice("named", "get_weather"), '{"city": "Paris"}', "stop")
+    assert finish == "stop" and named["content"] is None  # as OpenAI for a forced function
+    assert named["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    assert named["tool_calls"][0]["type"] == "function" and named["tool_calls"][0]["id"].startswith("call_")
+    required, finish = message(ToolChoice("required"), '[{"name": "get_time", "parameters": {"tz": "UTC"}}]', "stop")
+    assert finish == "tool_calls" and json.loads(required["tool_calls"][0]["function"]["arguments"]) == {"tz": "UTC"}
+    cut, finish = message(ToolChoice("required"), '[{"name": "get_ti', "length")
+    assert finish == "length" and cut == {"role": "assistant", "content": '[{"name": "get_ti'}
+    auto, finish = message(ToolChoice("auto"), "Sure. " + CALL, "stop")
+    assert finish == "tool_calls" and auto["content"] == "Sure. " and len(auto["tool_calls"]) == 1
+
+
+def _streamed(choice: ToolChoice, pieces: list[str], finish: str) -> tuple[str, list[dict], str]:
+    """The content and the calls a client assembles from a ToolStream's deltas, and the finish."""
+    s, deltas = ToolStream(choice), []
+    for p in pieces:
+        deltas += s.feed(p)
+    last, finish = s.close(finish)
+    content, calls = "", {}
+    for d in deltas + last:
+        content += d.get("content", "")
+        for c in d.get("tool_calls", []):
+            entry = calls.setdefault(c["index"], {"name": "", "arguments": ""})
+            entry["name"] += c.get("function", {}).get("name", "")
+            entry["arguments"] += c.get("function", {}).get("arguments", "")
+            assert ("id" in c) == (entry is calls[c["index"]] and c.get("type") == "function")
+    return content, [calls[i] for i in sorted(calls)], finish
+
+
+def _whole(choice: ToolChoice, text: str, finish: str) -> tuple[str, list[dict], str]:
+    msg, finish = message(choice, text, finish)
+    return msg["content"] or "", [c["function"] for c in msg.get("tool_calls", [])], finish
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from([("auto", "I will check.\n" + CALL + "\n" + CALL.replace("Paris", "Oslo")), ("auto", "No <tool_ call here"),
+                        ("auto", "a < b <tool_call>{bad}</tool_call>"), ("named", '{"city": "Paris"}'),
+                        ("required", '[{"name": "get_time", "parameters": {}}]'), ("required", '[{"name"')]),
+       st.lists(st.integers(0, 80), max_size=6), st.sampled_from(["stop", "length"]))
+def test_a_streamed_answer_assembles_to_the_whole_one(case, cuts, finish):
+    """Whatever the chunking (a tag split across chunks included), the deltas add up to the whole
+    answer's content, calls and finish reason."""
+    mode, text = case
+    choice = ToolChoice(mode, "get_weather" if mode == "named" else "")
+    bounds = sorted({min(c, len(text)) for c in cuts})
+    pieces = [text[a:b] for a, b in zip([0, *bounds], [*bounds, len(text)])]
+    assert _streamed(choice, pieces, finish) == _whole(choice, text, finish)
+
+
+def test_auto_streams_content_until_a_call_may_begin():
+    s = ToolStream(ToolChoice("auto"))
+    assert s.feed("Hello <to") == [{"content": "Hello "}]  # "<to" may open a call: held
+    assert s.feed("day") == [{"content": "<today"}]
+    assert s.feed(" <tool_call>{") == [{"content": " "}]
+    assert s.feed('"name": "get_time"}') == []
+    deltas, finish = s.close("stop")
+    assert finish == "tool_calls" and deltas[0]["tool_calls"][0]["function"]["name"] == "get_time"
+
+
+def test_the_template_sees_tools_and_earlier_calls(default_model_dir):
+    """encode_prompt hands tools and assistant calls to the template in the OpenAI form; the
+    shipped ChatML template shows them in the Hermes format the parser reads."""
+    from pathlib import Path
+
+    import gateway
+
+    tok = load_tokenizer(default_model_dir)
+    tok.chat_template = (Path(gateway.__file__).parent / "templates" / "chatml_tools.jinja").read_text()
+    body = {**CHAT, "tool_choice": "none", "messages": [
+        {"role": "system", "content": "Be brief."}, *CHAT["messages"],
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "18 C"}]}
+    req = chat_request(body)
+    text = tok.decode(encode_prompt(tok, messages=req.chat.messages, tools=req.chat.tools))
+    assert text.startswith("<|im_start|>system\nBe brief.\n\nYou may call functions")
+    assert json.dumps(WEATHER) in text and json.dumps(TIME) in text
+    assert CALL in text and "<tool_response>\n18 C\n</tool_response>" in text
+    assert text.endswith("<|im_start|>assistant\n")
+    bad = {**body, "messages": [*body["messages"][:3], {"role": "assistant", "tool_calls": [
+        {"id": "c1", "function": {"name": "get_weather", "arguments": "{city"}}]}]}
+    with pytest.raises(GatewayError) as err:
+        chat_request(bad)
+    assert err.value.field == "messages[3].tool_calls[0].function.arguments"
+    with pytest.raises(ValidationError) as verr:  # the gRPC face: the gateway checks the text too
+        encode_prompt(tok, messages=[{"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c", "name": "f", "arguments": "[1]"}]}])
+    assert verr.value.field == "messages[0].tool_calls[0].arguments"
