@@ -2,7 +2,8 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 # Test processes: the suite spends ~40 % of a serial run waiting on service processes, so two
-# workers fill a 2-core CI box; each test module stays on one worker (its stack starts once).
+# workers fill a 2-core CI box; each test module stays on one worker (its stack starts once),
+# modules with slow tests first (tests/conftest.py).
 TEST_WORKERS ?= 2
 STAMP := $(VENV)/.installed
 PROTOS := $(wildcard protos/pdserve/v1/*.proto)
@@ -13,7 +14,7 @@ run: $(STAMP)
 	$(BIN)/pdserve up --demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadscope
+	$(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 venv: $(STAMP)
 

@@ -45,8 +45,9 @@ def disagg(default_model_dir):
 
 
 def mixed(ids: list[int], n: int) -> list[tuple[list[int], int]]:
-    """n (prompt, max_tokens) pairs of mixed lengths cut from different places of ids."""
-    return [(ids[(7 * i) % 60 : (7 * i) % 60 + 3 + (37 * i) % 150], 4 + (5 * i) % 21) for i in range(n)]
+    """n (prompt, max_tokens) pairs of mixed lengths (3-92 tokens: 1-6 blocks, most with a partial
+    last one) cut from different places of ids."""
+    return [(ids[(7 * i) % 60 : (7 * i) % 60 + 3 + (37 * i) % 90], 4 + (5 * i) % 17) for i in range(n)]
 
 
 def alone(runner, prompt: list[int], max_tokens: int) -> list[int]:
