@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+# One compute thread per process: `make test` runs two test processes beside the services they
+# start (three processes a stack), all on a 2-core CI box; each with a thread per core would
+# oversubscribe it. The services inherit the setting; tests that give their own keep theirs.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    import torch
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 @pytest.fixture(scope="session")
