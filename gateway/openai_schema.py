@@ -379,8 +379,8 @@ def chat_request(body: dict, tool_parser: str | None = None) -> gateway_pb2.Gene
     if wanted is not None:
         asked = _structured_output(body)
         if asked is not None:
-            raise bad("tool_choice", f"{choice.mode!r} constrains the output: not with {asked[0]}"
-                      if choice.mode == "required" else f"a named function constrains the output: not with {asked[0]}")
+            what = "a named function" if choice.mode == "named" else '"required"'
+            raise bad("tool_choice", f"{what} constrains the output: not with {asked[0]}")
         req.sampling.structured_output.CopyFrom(wanted)
     return req
 
