@@ -212,3 +212,20 @@ def test_the_template_sees_tools_and_earlier_calls(default_model_dir):
         encode_prompt(tok, messages=[{"role": "assistant", "content": "", "tool_calls": [
             {"id": "c", "name": "f", "arguments": "[1]"}]}])
     assert verr.value.field == "messages[0].tool_calls[0].arguments"
+
+
+def test_gateway_flags(default_model_dir, tmp_path, capsys):
+    """--chat-template replaces the model's template (a missing file stops the gateway, naming
+    the flag); --tool-call-parser takes only the parsers there are."""
+    from gateway.__main__ import build, parser
+
+    base = ["--port", "1", "--model", str(default_model_dir), "--decode", "127.0.0.1:1", "--prefill", "127.0.0.1:2"]
+    with pytest.raises(SystemExit, match="--chat-template"):
+        build(parser().parse_args([*base, "--chat-template", str(tmp_path / "none.jinja")]))
+    (tmp_path / "t.jinja").write_text("{% for m in messages %}[{{ m.content }}]{% endfor %}")
+    generation, _ = build(parser().parse_args([*base, "--chat-template", str(tmp_path / "t.jinja")]))
+    assert generation.tokenizer.decode(encode_prompt(generation.tokenizer, messages=[("user", "hi")])) == "[hi]"
+    assert parser().parse_args([*base, "--tool-call-parser", "hermes"]).tool_call_parser == "hermes"
+    with pytest.raises(SystemExit):
+        parser().parse_args([*base, "--tool-call-parser", "pythonic"])
+    assert "--tool-call-parser" in capsys.readouterr().err
