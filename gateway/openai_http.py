@@ -21,7 +21,7 @@ from aiohttp import web
 from opentelemetry import propagate
 
 from gateway import openai_schema as schema
-from gateway import tools
+from gateway import tokenize_api, tools
 from gateway.deadline import Deadline
 from gateway.errors import GatewayError
 from gateway.generation import UNKNOWN_MODEL, Generation
@@ -94,7 +94,8 @@ class OpenAIServer:
         self.app = web.Application(client_max_size=16 << 20, middlewares=[json_errors])
         self.app.add_routes([web.get("/v1/models", self.models), web.get("/health", self.health),
                              web.post("/v1/completions", self.completions),
-                             web.post("/v1/chat/completions", self.chat)])
+                             web.post("/v1/chat/completions", self.chat),
+                             web.post("/tokenize", self.tokenize), web.post("/detokenize", self.detokenize)])
 
     async def start(self, host: str, port: int, reuse_port: bool = False) -> None:
         """Listen on host:port; reuse_port shares the port with other gateway processes."""
@@ -114,6 +115,20 @@ class OpenAIServer:
         return web.json_response({"object": "list", "data": [{
             "id": m.name, "object": "model", "created": int(time.time()), "owned_by": "pdserve",
             "max_model_len": m.max_model_len}]})
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        """vLLM's /tokenize: a prompt's (or chat's) token ids, their count and max_model_len."""
+        try:
+            return web.json_response(tokenize_api.tokenize(await _json_body(request), self.generation, self.words))
+        except GatewayError as e:
+            return error_response(e)
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        """vLLM's /detokenize: token ids back to text."""
+        try:
+            return web.json_response(tokenize_api.detokenize(await _json_body(request), self.generation))
+        except GatewayError as e:
+            return error_response(e)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, chat=False)

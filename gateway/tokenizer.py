@@ -26,6 +26,7 @@ def encode_prompt(
     messages: Iterable[Any] | None = None,
     token_ids: Iterable[int] | None = None,
     tools: Iterable[Any] = (),
+    add_generation_prompt: bool = True,
 ) -> list[int]:
     """Turn exactly one kind of prompt into token ids.
 
@@ -35,7 +36,8 @@ def encode_prompt(
       `add_generation_prompt=True`; the template supplies all special tokens. A mapping or
       object may also carry `tool_calls` (items with id, name and arguments, JSON text),
       `tool_call_id` and `name`; `tools` (items with name, description and parameters, a JSON
-      schema's text) reach the template as `tools` in the OpenAI form.
+      schema's text) reach the template as `tools` in the OpenAI form; `add_generation_prompt`
+      False leaves out the opening of the assistant's turn (to count a conversation's tokens).
     - `token_ids`: taken as given (range checks against the vocabulary happen in
       `pdserve.core.sampling.validate_prompt`).
 
@@ -49,7 +51,7 @@ def encode_prompt(
     if text is not None:
         return _encode_text(tok, text)
     if messages is not None:
-        return _encode_messages(tok, messages, tools)
+        return _encode_messages(tok, messages, tools, add_generation_prompt)
     assert token_ids is not None
     return _check_token_ids(token_ids)
 
@@ -62,7 +64,8 @@ def _encode_text(tok: PreTrainedTokenizerBase, text: str) -> list[int]:
     return list(tok(text, add_special_tokens=True)["input_ids"])
 
 
-def _encode_messages(tok: PreTrainedTokenizerBase, messages: Iterable[Any], tools: Iterable[Any] = ()) -> list[int]:
+def _encode_messages(tok: PreTrainedTokenizerBase, messages: Iterable[Any], tools: Iterable[Any] = (),
+                     add_generation_prompt: bool = True) -> list[int]:
     if not _is_list_like(messages):
         raise ValidationError("messages", "must be a list of (role, content) messages")
     items = list(messages)
@@ -73,8 +76,8 @@ def _encode_messages(tok: PreTrainedTokenizerBase, messages: Iterable[Any], tool
     conversation = [_message(i, m) for i, m in enumerate(items)]
     functions = [_tool(i, t) for i, t in enumerate(tools)]
     try:
-        rendered = tok.apply_chat_template(conversation, tools=functions or None, add_generation_prompt=True,
-                                           tokenize=False)
+        rendered = tok.apply_chat_template(conversation, tools=functions or None,
+                                           add_generation_prompt=add_generation_prompt, tokenize=False)
     except Exception as e:  # jinja TemplateError or a template's raise_exception()
         raise ValidationError("messages", f"the chat template rejected the messages: {e}") from e
     assert isinstance(rendered, str)

@@ -421,3 +421,39 @@ def test_backpressure_is_429_with_retry_after(http):
     assert all(int(e.response.headers["retry-after"]) >= 1 for e in limited)
     assert all(r.usage.completion_tokens == 4 for r in results if not isinstance(r, Exception))
     assert_no_leaks(stack)
+
+
+def _post(url: str, body: dict) -> tuple[int, dict]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_tokenize_and_detokenize_as_vllm(http, client, words):
+    """/tokenize counts what the gateway sends (a completion's and a chat's prompt_tokens);
+    /detokenize gives the text back; bad bodies are 400 naming the parameter."""
+    _, url = http
+    root = url[: -len("/v1")]
+    status, got = _post(root + "/tokenize", {"prompt": "The quick brown fox", "return_token_strs": True})
+    r = client.completions.create(model="", prompt="The quick brown fox", max_tokens=1, temperature=0)
+    assert status == 200 and got["count"] == len(got["tokens"]) == r.usage.prompt_tokens
+    assert got["max_model_len"] == 512 and "".join(got["token_strs"]) == "The quick brown fox"
+    assert _post(root + "/detokenize", {"tokens": got["tokens"]}) == (200, {"prompt": "The quick brown fox"})
+    messages = [{"role": "user", "content": "Hi there"}]
+    status, chat = _post(root + "/tokenize", {"model": "", "messages": messages})
+    r = client.chat.completions.create(model="", messages=messages, max_tokens=1, temperature=0)
+    assert status == 200 and chat["count"] == r.usage.prompt_tokens
+    _, bare = _post(root + "/tokenize", {"messages": messages, "add_generation_prompt": False})
+    assert bare["tokens"] == chat["tokens"][: bare["count"]] and bare["count"] < chat["count"]
+    for path, body, param in (("/tokenize", {}, "prompt"), ("/tokenize", {"prompt": "a", "messages": messages}, "prompt"),
+                              ("/tokenize", {"prompt": 5}, "prompt"), ("/tokenize", {"messages": [{"role": "x"}]},
+                                                                       "messages[0].role"),
+                              ("/tokenize", {"prompt": "a", "add_special_tokens": "no"}, "add_special_tokens"),
+                              ("/detokenize", {"tokens": [1, -1]}, "tokens"), ("/detokenize", {"tokens": "1"}, "tokens")):
+        status, err = _post(root + path, body)
+        assert status == 400 and err["error"]["param"] == param, (path, body, err)
+    assert _post(root + "/tokenize", {"model": "nope", "prompt": "a"})[0] == 404
