@@ -142,13 +142,17 @@ class Generation:
         self.admission = admission or Admission()
         self.byte_table = ByteTable.build(tokenizer)  # once: per-token detokenization by table lookup
 
+    def check_model(self, name: str) -> None:
+        """ValidationError naming `model` unless name is empty (this gateway's model) or its name."""
+        if name and name != self.model.name:
+            raise ValidationError("model", f"{UNKNOWN_MODEL} {name!r}; this gateway serves {self.model.name!r}")
+
     def prepare(self, req: gateway_pb2.GenerateRequest, fill_max_tokens: bool = False) -> tuple[list[int], SamplingParams]:
         """Prompt ids and sampling params, or ValidationError naming the field.
 
         fill_max_tokens: an unset max_tokens means the rest of the context (OpenAI chat), not 16.
         """
-        if req.model and req.model != self.model.name:
-            raise ValidationError("model", f"{UNKNOWN_MODEL} {req.model!r}; this gateway serves {self.model.name!r}")
+        self.check_model(req.model)
         params = sampling_from_request(req.sampling)
         try:
             params.validate(self.model.vocab_size)

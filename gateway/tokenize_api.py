@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway import openai_schema as schema
-from gateway.generation import UNKNOWN_MODEL, Generation
+from gateway.generation import Generation
 from gateway.tokenizer import encode_prompt
 from pdserve.core.sampling import ValidationError
 
@@ -25,8 +25,10 @@ def _check_model(body: dict, generation: Generation) -> None:
     model = body.get("model") or ""
     if not isinstance(model, str):
         raise schema.bad("model", "must be a string")
-    if model and model != generation.model.name:
-        raise schema.bad("model", f"{UNKNOWN_MODEL} {model!r}; this gateway serves {generation.model.name!r}")
+    try:
+        generation.check_model(model)
+    except ValidationError as e:
+        raise schema.bad("model", str(e).split(": ", 1)[-1]) from None
 
 
 def tokenize(body: dict, generation: Generation, words: schema.TokenText) -> dict[str, Any]:
