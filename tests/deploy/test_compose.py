@@ -68,6 +68,7 @@ def test_commands_parse_bind_all_and_export_traces(compose, suffix):
     assert g.prefill == f"prefill{suffix}:{p.port}" and g.decode == f"decode{suffix}:{d.port}"
     assert d.advertise_host == f"decode{suffix}"
     assert f"{g.port}:{g.port}" in gateway["ports"]
+    assert g.http_port and f"{g.http_port}:{g.http_port}" in gateway["ports"]  # the OpenAI face
 
 
 def test_cpu_profile_runs_everything_on_cpu(compose):
