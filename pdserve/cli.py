@@ -21,6 +21,9 @@ def _up(argv: list[str]) -> None:
     p.add_argument("--speculative-config", default=None,
                    help="JSON for the decode (or colocated) worker, e.g. '{\"method\": \"ngram\", "
                         "\"num_speculative_tokens\": 4}'")
+    p.add_argument("--http-port", type=int, default=None, help="the gateway's OpenAI-compatible HTTP port (off when absent)")
+    p.add_argument("--chat-template", default=None, metavar="FILE", help="the gateway's chat template instead of the model's")
+    p.add_argument("--tool-call-parser", default=None, help="the gateway's tool-call parser (hermes): tool_choice \"auto\"")
     args, worker_args = p.parse_known_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the services too, like Ctrl-C
     from pdserve.launch import Stack
@@ -29,12 +32,18 @@ def _up(argv: list[str]) -> None:
     model = resolve_model(args.model)  # prepares the default model once, with a progress bar
     print(f"starting {'a colocated worker' if args.colocated else 'prefill, decode'} and gateway ...", flush=True)
     decode_args = ["--speculative-config", args.speculative_config] if args.speculative_config else []
+    gateway_args = ["--num-procs", args.gateway_procs]
+    for flag, value in (("--http-port", args.http_port), ("--chat-template", args.chat_template),
+                        ("--tool-call-parser", args.tool_call_parser)):
+        gateway_args += [flag, str(value)] if value is not None else []
     stack = Stack(model=str(model), worker_args=worker_args, echo=not args.quiet, colocated=args.colocated,
-                  decode_args=decode_args, gateway_args=["--num-procs", args.gateway_procs])
+                  decode_args=decode_args, gateway_args=gateway_args)
     stack.start(gateway_port=args.port)
     try:
         for name, proc in stack.procs.items():
             print(f"  {name:8s} {proc.address}")
+        if args.http_port is not None:
+            print(f"  {'openai':8s} http://127.0.0.1:{args.http_port}/v1")
         if args.demo:
             _stream(stack.gateway, messages=[("user", DEMO_QUESTION)], max_tokens=64, temperature=0.0)
         print(f"serving on {stack.gateway}; try: pdserve generate --address {stack.gateway} \"Hello\"")

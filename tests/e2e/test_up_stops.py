@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 
 import pytest
 
@@ -22,23 +24,31 @@ def _listening(address: str) -> bool:
 
 
 def test_sigterm_stops_every_service(tmp_path) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    """With --http-port the gateway's OpenAI face answers too, and goes with the rest."""
+    from pdserve.launch import free_port
+
+    port, http_port = free_port(), free_port()
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([sys.executable, "-c", "from pdserve.cli import main; main()", "up", "--quiet", "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-c", "from pdserve.cli import main; main()", "up", "--quiet", "--port", str(port),
+                             "--http-port", str(http_port)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    addresses = []
+    addresses, urls = [], []
     try:
         deadline = time.monotonic() + 240
         for line in proc.stdout:
             words = line.split()
             if len(words) == 2 and words[0] in ("prefill", "decode", "gateway", "colocated"):
                 addresses.append(words[1])
+            if len(words) == 2 and words[0] == "openai":
+                urls.append(words[1])
             if line.startswith("serving on"):
                 break
             assert time.monotonic() < deadline, "pdserve up did not come up"
         assert len(addresses) == 3 and all(_listening(a) for a in addresses), addresses
+        assert urls == [f"http://127.0.0.1:{http_port}/v1"]
+        with urllib.request.urlopen(urls[0] + "/models", timeout=30) as r:
+            assert json.loads(r.read())["data"][0]["object"] == "model"
+        addresses.append(f"127.0.0.1:{http_port}")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) is not None
         end = time.monotonic() + 30
