@@ -116,3 +116,18 @@ def test_tool_refusals_name_the_parameter(client):
     with pytest.raises(openai.BadRequestError) as err:  # a schema llguidance refuses, found when compiled
         ask(client, tool_choice={"type": "function", "function": {"name": "odd"}}, **{"tools": broken})
     assert err.value.body["param"] == "tools[1].function.parameters"
+
+
+def test_each_choice_has_its_own_calls(client):
+    """n choices, sampled: each its own call (its own id), streamed or not."""
+    kw = dict(model="", messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=60, temperature=1.0, seed=3, n=3)
+    r = client.chat.completions.create(**kw)
+    ids = [c.message.tool_calls[0].id for c in r.choices]
+    assert [c.index for c in r.choices] == [0, 1, 2] and len(set(ids)) == 3
+    assert all(set(json.loads(c.message.tool_calls[0].function.arguments)) == {"city"} for c in r.choices)
+    streamed: dict[int, str] = {}
+    for chunk in client.chat.completions.create(**kw, stream=True):
+        for c in chunk.choices:
+            for t in c.delta.tool_calls or []:
+                streamed[c.index] = streamed.get(c.index, "") + (t.function.arguments or "")
+    assert streamed == {c.index: c.message.tool_calls[0].function.arguments for c in r.choices}
