@@ -49,7 +49,6 @@ def build(args: argparse.Namespace):
     from gateway.admission import Admission
     from gateway.generation import Generation, ModelInfo
     from gateway.router import Router
-    from gateway.tokenizer import load_tokenizer
     from pdserve.guided import GuideCompiler
     from pdserve.model.prepare import resolve_model
     from pdserve.model.spec import ModelSpec
@@ -65,13 +64,21 @@ def build(args: argparse.Namespace):
         raise SystemExit(f"pdserve gateway: {e} (--prefill/--decode or --colocated)")
     router.queue_wait_s = args.queue_wait
     guides = GuideCompiler.for_model(model_dir, spec.eos_token_ids)
-    tokenizer = load_tokenizer(model_dir)
-    if args.chat_template:
+    return Generation(info, tokenizer(model_dir, args.chat_template), router, Admission(args.max_queued_requests),
+                      guides), router
+
+
+def tokenizer(model_dir: Path, chat_template: str | None):
+    """The model's tokenizer, with the --chat-template file's template instead of its own if given."""
+    from gateway.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(model_dir)
+    if chat_template:
         try:
-            tokenizer.chat_template = Path(args.chat_template).read_text()
+            tok.chat_template = Path(chat_template).read_text()
         except OSError as e:
-            raise SystemExit(f"pdserve gateway: --chat-template {args.chat_template}: {e.strerror}")
-    return Generation(info, tokenizer, router, Admission(args.max_queued_requests), guides), router
+            raise SystemExit(f"pdserve gateway: --chat-template {chat_template}: {e.strerror}")
+    return tok
 
 
 async def amain(args: argparse.Namespace) -> None:

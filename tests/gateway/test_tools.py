@@ -217,14 +217,15 @@ def test_the_template_sees_tools_and_earlier_calls(default_model_dir):
 def test_gateway_flags(default_model_dir, tmp_path, capsys):
     """--chat-template replaces the model's template (a missing file stops the gateway, naming
     the flag); --tool-call-parser takes only the parsers there are."""
-    from gateway.__main__ import build, parser
+    from gateway.__main__ import parser, tokenizer
 
     base = ["--port", "1", "--model", str(default_model_dir), "--decode", "127.0.0.1:1", "--prefill", "127.0.0.1:2"]
     with pytest.raises(SystemExit, match="--chat-template"):
-        build(parser().parse_args([*base, "--chat-template", str(tmp_path / "none.jinja")]))
+        tokenizer(default_model_dir, parser().parse_args([*base, "--chat-template", str(tmp_path / "no.jinja")]).chat_template)
     (tmp_path / "t.jinja").write_text("{% for m in messages %}[{{ m.content }}]{% endfor %}")
-    generation, _ = build(parser().parse_args([*base, "--chat-template", str(tmp_path / "t.jinja")]))
-    assert generation.tokenizer.decode(encode_prompt(generation.tokenizer, messages=[("user", "hi")])) == "[hi]"
+    tok = tokenizer(default_model_dir, parser().parse_args([*base, "--chat-template", str(tmp_path / "t.jinja")]).chat_template)
+    assert tok.decode(encode_prompt(tok, messages=[("user", "hi")])) == "[hi]"
+    assert tokenizer(default_model_dir, None).chat_template == load_tokenizer(default_model_dir).chat_template
     assert parser().parse_args([*base, "--tool-call-parser", "hermes"]).tool_call_parser == "hermes"
     with pytest.raises(SystemExit):
         parser().parse_args([*base, "--tool-call-parser", "pythonic"])
