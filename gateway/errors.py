@@ -18,3 +18,13 @@ class GatewayError(Exception):
 
     def __str__(self) -> str:
         return self.message
+
+
+def bad(param: str, message: str) -> GatewayError:
+    """INVALID_ARGUMENT naming param: "param: message"."""
+    return GatewayError(grpc.StatusCode.INVALID_ARGUMENT, f"{param}: {message}", field=param)
+
+
+def invalid(e: ValueError) -> GatewayError:
+    """A ValidationError (its `field` and "field: message") as INVALID_ARGUMENT."""
+    return GatewayError(grpc.StatusCode.INVALID_ARGUMENT, str(e), field=getattr(e, "field", None))

@@ -19,7 +19,7 @@ from gateway import flow
 from gateway.admission import Admission
 from gateway.deadline import Deadline
 from gateway.detokenizer import ByteTable, make_detokenizer
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, invalid
 from gateway.router import NoWorker, Router
 from gateway.stops import StopChecker
 from gateway.tokenizer import encode_prompt
@@ -189,7 +189,7 @@ class Generation:
             await asyncio.to_thread(self.guides.check, params.guide)
         except ValidationError as e:
             e = _public_guide_error(req, e)
-            raise GatewayError(grpc.StatusCode.INVALID_ARGUMENT, str(e), field=e.field) from None
+            raise invalid(e) from None
 
     def _checked(self, request, fill_max_tokens: bool) -> tuple[list[int], SamplingParams]:
         if isinstance(request, BadRequest):
@@ -197,7 +197,7 @@ class Generation:
         try:
             return self.prepare(request, fill_max_tokens)
         except ValidationError as e:
-            raise GatewayError(grpc.StatusCode.INVALID_ARGUMENT, str(e), field=e.field) from None
+            raise invalid(e) from None
 
     async def stream(self, request, rid: str, deadline: Deadline,
                      fill_max_tokens: bool = False) -> AsyncIterator[gateway_pb2.GenerateResponse]:

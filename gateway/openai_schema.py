@@ -32,7 +32,7 @@ import grpc
 
 from gateway import tools
 from gateway.detokenizer import ByteTable
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, bad
 from gateway.generation import sampling_from_request
 from pdserve.core.request import Finish, Sequence, check_finish
 from pdserve.core.sampling import MAX_LOGPROBS
@@ -57,10 +57,6 @@ STRUCTURED = ("response_format", "guided_json", "guided_regex", "guided_choice",
 # vLLM's structured_outputs: the kinds it may ask for, and its options, taken as absent when false.
 STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
 STRUCTURED_OPTIONS = ("disable_fallback", "disable_any_whitespace", "disable_additional_properties")
-
-
-def bad(param: str, message: str) -> GatewayError:
-    return GatewayError(grpc.StatusCode.INVALID_ARGUMENT, f"{param}: {message}", field=param)
 
 
 def _number(body: dict, name: str, kind: type) -> int | float | None:
@@ -331,7 +327,7 @@ def _strings(value: Any, name: str) -> list[str]:
     raise bad(name, "must be a string or a list of strings")
 
 
-def _model(body: dict) -> str:
+def model_name(body: dict) -> str:
     model = body.get("model") or ""
     if not isinstance(model, str):
         raise bad("model", "must be a string")
@@ -345,7 +341,7 @@ def completion_requests(body: dict) -> list[gateway_pb2.GenerateRequest]:
     batch = isinstance(prompt, list) and bool(prompt) and all(isinstance(p, (str, list)) for p in prompt)
     if batch and len(prompt) > MAX_CHOICES:
         raise bad("prompt", f"at most {MAX_CHOICES} prompts per request, got {len(prompt)}")
-    params, model = sampling(body, chat=False), _model(body)
+    params, model = sampling(body, chat=False), model_name(body)
     reqs = []
     for i, p in enumerate(prompt if batch else [prompt]):
         req = gateway_pb2.GenerateRequest(model=model, sampling=params)
@@ -364,7 +360,7 @@ def chat_request(body: dict, tool_parser: str | None = None) -> gateway_pb2.Gene
     """A GenerateRequest from a /v1/chat/completions body. Its tools go to the chat template; a
     tool_choice of a named function or "required" constrains the output (so not with another
     structured output); `tool_choice` reads what it asks of the answer."""
-    req = gateway_pb2.GenerateRequest(model=_model(body), sampling=sampling(body, chat=True))
+    req = gateway_pb2.GenerateRequest(model=model_name(body), sampling=sampling(body, chat=True))
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad("messages", "must be a non-empty list of messages")

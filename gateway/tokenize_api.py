@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway import openai_schema as schema
+from gateway.errors import invalid
 from gateway.generation import Generation
 from gateway.tokenizer import encode_prompt
 from pdserve.core.sampling import ValidationError
@@ -21,24 +22,14 @@ def _flag(body: dict, name: str, default: bool) -> bool:
     return value
 
 
-def _check_model(body: dict, generation: Generation) -> None:
-    model = body.get("model") or ""
-    if not isinstance(model, str):
-        raise schema.bad("model", "must be a string")
-    try:
-        generation.check_model(model)
-    except ValidationError as e:
-        raise schema.bad("model", str(e).split(": ", 1)[-1]) from None
-
-
 def tokenize(body: dict, generation: Generation, words: schema.TokenText) -> dict[str, Any]:
     """{"prompt": text} (add_special_tokens, default true) or {"messages": [...]} (with `tools`;
     add_generation_prompt, default true) -> {"count", "max_model_len", "tokens"} and, with
     return_token_strs, each token's text ("token_strs", as logprobs write tokens)."""
-    _check_model(body, generation)
     strs = _flag(body, "return_token_strs", False)
     tok = generation.tokenizer
     try:
+        generation.check_model(schema.model_name(body))
         if ("prompt" in body) == ("messages" in body):
             raise schema.bad("prompt", "give one of prompt (a text) or messages")
         if "prompt" in body:
@@ -51,7 +42,7 @@ def tokenize(body: dict, generation: Generation, words: schema.TokenText) -> dic
             ids = encode_prompt(tok, messages=req.chat.messages, tools=req.chat.tools,
                                 add_generation_prompt=_flag(body, "add_generation_prompt", True))
     except ValidationError as e:
-        raise schema.bad(e.field, str(e).split(": ", 1)[-1]) from None
+        raise invalid(e) from None
     out: dict[str, Any] = {"count": len(ids), "max_model_len": generation.model.max_model_len, "tokens": ids}
     if strs:
         out["token_strs"] = [words.string(t) for t in ids]
@@ -60,7 +51,10 @@ def tokenize(body: dict, generation: Generation, words: schema.TokenText) -> dic
 
 def detokenize(body: dict, generation: Generation) -> dict[str, str]:
     """{"tokens": [ids]} -> {"prompt": their text} (special tokens' text included, as vLLM)."""
-    _check_model(body, generation)
+    try:
+        generation.check_model(schema.model_name(body))
+    except ValidationError as e:
+        raise invalid(e) from None
     ids = body.get("tokens")
     if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
         raise schema.bad("tokens", "must be a list of token ids")

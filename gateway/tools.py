@@ -23,17 +23,11 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
-
-from gateway.errors import GatewayError
+from gateway.errors import bad
 from pdserve.proto import gateway_pb2
 
 PARSERS = ("hermes",)
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
-
-
-def _bad(param: str, message: str) -> GatewayError:
-    return GatewayError(grpc.StatusCode.INVALID_ARGUMENT, f"{param}: {message}", field=param)
 
 
 @dataclass(frozen=True)
@@ -51,29 +45,29 @@ def parse_tools(body: dict) -> list[gateway_pb2.Tool]:
     if value is None:
         return []
     if not isinstance(value, list):
-        raise _bad("tools", "must be a list of {\"type\": \"function\", \"function\": {...}} objects")
+        raise bad("tools", "must be a list of {\"type\": \"function\", \"function\": {...}} objects")
     tools, names = [], set()
     for i, item in enumerate(value):
         where = f"tools[{i}]"
         if not isinstance(item, dict) or item.get("type", "function") != "function":
-            raise _bad(f"{where}.type", "only function tools are supported: {\"type\": \"function\", ...}")
+            raise bad(f"{where}.type", "only function tools are supported: {\"type\": \"function\", ...}")
         fn = item.get("function")
         if not isinstance(fn, dict):
-            raise _bad(f"{where}.function", "must be an object with a name")
+            raise bad(f"{where}.function", "must be an object with a name")
         name = fn.get("name")
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name):
-            raise _bad(f"{where}.function.name", f"must be 1-64 letters, digits, _ . or -, got {name!r:.40}")
+            raise bad(f"{where}.function.name", f"must be 1-64 letters, digits, _ . or -, got {name!r:.40}")
         if name in names:
-            raise _bad(f"{where}.function.name", f"{name!r} is given twice")
+            raise bad(f"{where}.function.name", f"{name!r} is given twice")
         names.add(name)
         description = fn.get("description") or ""
         if not isinstance(description, str):
-            raise _bad(f"{where}.function.description", "must be a string")
+            raise bad(f"{where}.function.description", "must be a string")
         params = fn.get("parameters")
         if params is not None and not isinstance(params, dict):
-            raise _bad(f"{where}.function.parameters", f"must be a JSON schema (an object), got {params!r:.40}")
+            raise bad(f"{where}.function.parameters", f"must be a JSON schema (an object), got {params!r:.40}")
         if fn.get("strict") is not None and not isinstance(fn["strict"], bool):
-            raise _bad(f"{where}.function.strict", "must be a boolean")
+            raise bad(f"{where}.function.strict", "must be a boolean")
         tools.append(gateway_pb2.Tool(name=name, description=description,
                                       parameters=json.dumps(params) if params is not None else ""))
     return tools
@@ -83,7 +77,7 @@ def parse_choice(body: dict, tools: list[gateway_pb2.Tool], parser: str | None) 
     """The body's `tool_choice` (default "auto" with tools, "none" without) against its tools."""
     parallel = body.get("parallel_tool_calls")
     if parallel is not None and not isinstance(parallel, bool):
-        raise _bad("parallel_tool_calls", f"must be a boolean, got {parallel!r:.40}")
+        raise bad("parallel_tool_calls", f"must be a boolean, got {parallel!r:.40}")
     value = body.get("tool_choice")
     if value is None:
         value = "auto" if tools else "none"
@@ -91,17 +85,17 @@ def parse_choice(body: dict, tools: list[gateway_pb2.Tool], parser: str | None) 
         fn = value.get("function")
         name = fn.get("name") if isinstance(fn, dict) else None
         if value.get("type") != "function" or not isinstance(name, str):
-            raise _bad("tool_choice", 'must be "none", "auto", "required" or '
+            raise bad("tool_choice", 'must be "none", "auto", "required" or '
                                       '{"type": "function", "function": {"name": ...}}')
         if name not in {t.name for t in tools}:
-            raise _bad("tool_choice.function.name", f"{name!r:.64} is not one of the request's tools")
+            raise bad("tool_choice.function.name", f"{name!r:.64} is not one of the request's tools")
         return ToolChoice("named", name, parallel is not False)
     if value not in ("none", "auto", "required"):
-        raise _bad("tool_choice", f'must be "none", "auto", "required" or a function, got {value!r:.40}')
+        raise bad("tool_choice", f'must be "none", "auto", "required" or a function, got {value!r:.40}')
     if value != "none" and not tools:
-        raise _bad("tool_choice", f"{value!r} needs tools")
+        raise bad("tool_choice", f"{value!r} needs tools")
     if value == "auto" and parser is None:
-        raise _bad("tool_choice", '"auto" needs a gateway started with --tool-call-parser (hermes); '
+        raise bad("tool_choice", '"auto" needs a gateway started with --tool-call-parser (hermes); '
                                   'ask for "required", a named function or "none", or give no tools')
     return ToolChoice(value, "", parallel is not False)
 
