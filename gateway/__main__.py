@@ -15,6 +15,7 @@ SERVICE = "pdserve-gateway"
 
 def parser() -> argparse.ArgumentParser:
     from gateway import procs
+    from gateway.reasoning import PARSERS as REASONING_PARSERS
     from gateway.tools import PARSERS
     from pdserve.metrics import add_otlp_metrics_arg
     from pdserve.worker import add_model_args
@@ -40,6 +41,9 @@ def parser() -> argparse.ArgumentParser:
                         "ChatML that shows tools and tool calls in the Hermes format)")
     p.add_argument("--tool-call-parser", choices=PARSERS, default=None,
                    help="read tool calls out of the text, enabling tool_choice \"auto\" on the OpenAI face")
+    p.add_argument("--reasoning-parser", choices=REASONING_PARSERS, default=None,
+                   help="answer a thinking model's <think>...</think> as `reasoning` apart from the content "
+                        "(OpenAI face, chat)")
     procs.add_args(p)
     return p
 
@@ -98,7 +102,8 @@ async def amain(args: argparse.Namespace) -> None:
     metrics.serve(args.metrics_port, gateway_metrics.registry, args.host)
     otlp = metrics.export_otlp(args.otlp_metrics_endpoint, gateway_metrics.registry, SERVICE)
     add_to_server(GatewayService(generation, gateway_metrics), server)
-    http = OpenAIServer(generation, gateway_metrics, tool_parser=args.tool_call_parser)
+    http = OpenAIServer(generation, gateway_metrics, tool_parser=args.tool_call_parser,
+                        reasoning_parser=args.reasoning_parser)
     names = ["pdserve.v1.Gateway"]
     health = serving.add_health(server, names)
     reflection.enable_server_reflection([*names, "grpc.health.v1.Health", reflection.SERVICE_NAME], server)

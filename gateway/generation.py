@@ -22,7 +22,7 @@ from gateway.detokenizer import ByteTable, make_detokenizer
 from gateway.errors import GatewayError, invalid
 from gateway.router import NoWorker, Router
 from gateway.stops import StopChecker
-from gateway.tokenizer import encode_prompt
+from gateway.tokenizer import encode_prompt, encode_rendered, render_chat, template_variables
 from pdserve.core.request import Sequence, check_finish
 from pdserve.core.sampling import Guide, GuideKind, SamplingParams, ValidationError, validate_prompt
 from pdserve.guided import GuideCompiler
@@ -147,6 +147,22 @@ class Generation:
         if name and name != self.model.name:
             raise ValidationError("model", f"{UNKNOWN_MODEL} {name!r}; this gateway serves {self.model.name!r}")
 
+    def chat_text(self, chat: gateway_pb2.ChatMessages) -> str:
+        """A chat prompt's text as the template renders it with the request's options (special
+        tokens included), or ValidationError naming chat.<field>."""
+        try:
+            return render_chat(self.tokenizer, chat.messages, chat.tools,
+                               add_generation_prompt=not chat.HasField("add_generation_prompt")
+                               or chat.add_generation_prompt,
+                               continue_final_message=chat.continue_final_message,
+                               template_kwargs=template_variables(chat.template_kwargs))
+        except ValidationError as e:
+            raise ValidationError(_public_field("chat", e.field), str(e).split(": ", 1)[-1]) from None
+
+    def encode_chat(self, chat: gateway_pb2.ChatMessages) -> list[int]:
+        """A chat prompt's token ids (see chat_text)."""
+        return encode_rendered(self.tokenizer, self.chat_text(chat))
+
     def prepare(self, req: gateway_pb2.GenerateRequest, fill_max_tokens: bool = False) -> tuple[list[int], SamplingParams]:
         """Prompt ids and sampling params, or ValidationError naming the field.
 
@@ -163,7 +179,7 @@ class Generation:
             if kind == "text":
                 ids = encode_prompt(self.tokenizer, text=req.text)
             elif kind == "chat":
-                ids = encode_prompt(self.tokenizer, messages=req.chat.messages, tools=req.chat.tools)
+                ids = self.encode_chat(req.chat)
             elif kind == "token_ids":
                 ids = encode_prompt(self.tokenizer, token_ids=list(req.token_ids.ids))
             else:
@@ -249,7 +265,7 @@ def _public_guide_error(req: gateway_pb2.GenerateRequest, e: ValidationError) ->
 
 
 def _public_field(kind: str | None, field: str) -> str:
-    if field.startswith(("messages", "tools")):
+    if field.startswith(("messages", "tools", "template_kwargs", "continue_final_message")):
         return "chat." + field
     if field == "prompt_token_ids":
         return "token_ids.ids"

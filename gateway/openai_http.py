@@ -21,7 +21,8 @@ from aiohttp import web
 from opentelemetry import propagate
 
 from gateway import openai_schema as schema
-from gateway import tokenize_api, tools
+from gateway import chat_answer, tokenize_api, tools
+from gateway import reasoning as think
 from gateway.deadline import Deadline
 from gateway.errors import GatewayError
 from gateway.generation import UNKNOWN_MODEL, Generation
@@ -85,9 +86,10 @@ class OpenAIServer:
     """The aiohttp application and its listener; `start` binds, `stop` closes."""
 
     def __init__(self, generation: Generation, metrics: GatewayMetrics | None = None,
-                 tool_parser: str | None = None) -> None:
+                 tool_parser: str | None = None, reasoning_parser: str | None = None) -> None:
         self.generation = generation
         self.tool_parser = tool_parser  # reads the calls of tool_choice "auto" (gateway.tools.PARSERS)
+        self.reasoning_parser = reasoning_parser  # splits off a chat answer's thinking (gateway.reasoning)
         self.metrics = metrics
         self.words = schema.TokenText(generation.tokenizer, generation.byte_table)  # for logprobs
         self.runner: web.AppRunner | None = None
@@ -144,6 +146,7 @@ class OpenAIServer:
                 body = await _json_body(request)
                 prompts = [schema.chat_request(body, self.tool_parser)] if chat else schema.completion_requests(body)
                 tool_choice = schema.tool_choice(body, prompts[0], self.tool_parser) if chat else None
+                include_reasoning = schema.include_reasoning(body)
                 echoed = schema.echo(body, chat)
                 reqs = schema.samples(body, prompts)
                 limit = self.generation.admission.max_queued
@@ -166,16 +169,25 @@ class OpenAIServer:
                 width = schema.asked_prompt_logprobs(body)
                 prompt_logprobs = None if width is None else [
                     schema.vllm_prompt_logprobs(f.chunk, width, self.words) for f in firsts]
+                reasoning = self._reasoning(prompts[0], include_reasoning) if chat else None
             except GatewayError as e:
                 return error_response(schema.as_sent(e, body))  # structured output: the parameter sent
             reply = Reply(("chatcmpl-" if chat else "cmpl-") + rid, self.generation.model.name, chat,
                           per_prompt=len(reqs) // len(prompts), logprobs=self._logprobs(chat, reqs),
                           echo=[self._prompt_text(r) for r in reqs] if echoed else None,
                           prompt_logprobs=prompt_logprobs,
-                          tool_choice=tool_choice)
+                          tool_choice=tool_choice, reasoning=reasoning)
             if stream:
                 return await reply.stream(request, firsts, streams, include_usage)
             return await reply.whole(firsts, streams)
+
+    def _reasoning(self, req: gateway_pb2.GenerateRequest, include: bool) -> think.Reasoning | None:
+        """How a chat answer's thinking is split off (None: no --reasoning-parser). Rendered
+        again here for the prompt's end, which says whether the answer starts inside it."""
+        if self.reasoning_parser is None:
+            return None
+        tail = self.generation.chat_text(req.chat)[-64:]
+        return think.for_request(self.reasoning_parser, tail, req.sampling.HasField("structured_output"), include)
 
     def _prompt_text(self, req: gateway_pb2.GenerateRequest) -> str:
         """A completion prompt's text, for echo (token ids decoded)."""
@@ -225,13 +237,14 @@ class Reply:
     prompt's text (and its tokens' logprobs, when asked) come first: in a streamed answer, in one
     event before the generated ones. `prompt_logprobs`: each choice's vLLM `prompt_logprobs`, on
     each choice (completions) or, once, on the response (chat, as vLLM); never streamed.
-    `tool_choice` (chat): each choice's tool calls are read out of its text (gateway.tools)."""
+    `tool_choice` and `reasoning` (chat): each choice's tool calls and reasoning are read out of its
+    text (gateway.chat_answer)."""
 
     def __init__(self, oid: str, model: str, chat: bool, logprobs: list[schema.ChoiceLogprobs | None],
                  per_prompt: int = 1, echo: list[str] | None = None,
                  prompt_logprobs: list[list[dict | None]] | None = None,
-                 tool_choice: tools.ToolChoice | None = None) -> None:
-        self.tool_choice = tool_choice
+                 tool_choice: tools.ToolChoice | None = None, reasoning: think.Reasoning | None = None) -> None:
+        self.tool_choice, self.reasoning = tool_choice, reasoning
         self.oid, self.model, self.chat, self.per_prompt = oid, model, chat, per_prompt
         self.logprobs = logprobs
         self.echo = echo  # each choice's prompt text, which its text starts with (completions' echo)
@@ -276,7 +289,8 @@ class Reply:
             return error_response(e)
         obj = schema.envelope(self.kind, self.oid, self.model, [
             schema.choice(self.chat, "".join(texts[i]), schema.FINISH_NAMES.get(done[i].finish_reason), delta=False,
-                          index=i, logprobs=logprobs[i], tool_choice=self.tool_choice) for i in range(len(firsts))])
+                          index=i, logprobs=logprobs[i], tool_choice=self.tool_choice, reasoning=self.reasoning)
+            for i in range(len(firsts))])
         if self.prompt_logprobs is not None and self.chat:  # one prompt: vLLM puts them on the response
             obj["prompt_logprobs"] = self.prompt_logprobs[0]
         elif self.prompt_logprobs is not None:
@@ -298,7 +312,7 @@ class Reply:
             for i in range(len(firsts)):
                 await resp.write(sse(chunk(i, "", None, first=True)))
         done: dict[int, gateway_pb2.Complete] = {}
-        calls = [tools.ToolStream(self.tool_choice) for _ in firsts] if self.tool_choice is not None else None
+        shapers = [chat_answer.ChatDeltas(self.reasoning, self.tool_choice) for _ in firsts] if self.chat else None
         deltas = lambda i, ds, finish=None, logprobs=None: [  # noqa: E731  (logprobs ride the first)
             schema.envelope(kind, self.oid, self.model, [schema.delta_choice(d, finish if k == len(ds) - 1 else None, i,
                                                                              logprobs if k == 0 else None)])
@@ -310,8 +324,8 @@ class Reply:
                 async for i, msg in merged:
                     if msg.HasField("chunk"):
                         part = self._part(i, msg.chunk)
-                        if calls is not None:
-                            ds = calls[i].feed(msg.chunk.text)
+                        if shapers is not None:
+                            ds = shapers[i].feed(msg.chunk.text)
                             if not ds and part is not None and any(part.values()):
                                 ds = [{}]
                             for event in deltas(i, ds, logprobs=part):
@@ -321,8 +335,8 @@ class Reply:
                         continue
                     done[i] = msg.complete
                     finish = schema.FINISH_NAMES.get(msg.complete.finish_reason)
-                    if calls is not None:
-                        ds, finish = calls[i].close(finish)
+                    if shapers is not None:
+                        ds, finish = shapers[i].close(finish)
                         for event in deltas(i, [*ds, {}], finish):
                             await resp.write(sse(event))
                     else:

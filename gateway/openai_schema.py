@@ -30,10 +30,11 @@ from typing import Any
 
 import grpc
 
-from gateway import tools
+from gateway import chat_answer, tools
 from gateway.detokenizer import ByteTable
 from gateway.errors import GatewayError, bad
 from gateway.generation import sampling_from_request
+from gateway.reasoning import Reasoning
 from pdserve.core.request import Finish, Sequence, check_finish
 from pdserve.core.sampling import MAX_LOGPROBS
 from pdserve.proto import gateway_pb2
@@ -50,6 +51,7 @@ UNSUPPORTED: dict[str, tuple] = {
     "best_of": (1,),
     "suffix": ("",), "tools": ([],), "functions": ([],),
     "tool_choice": ("none", "auto"), "function_call": ("none", "auto"),
+    "chat_template": (),  # a request's own template (vLLM's): the gateway's --chat-template only
 }
 # The parameters that ask for structured output, in the order a conflict between them is told.
 STRUCTURED = ("response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
@@ -370,6 +372,7 @@ def chat_request(body: dict, tool_parser: str | None = None) -> gateway_pb2.Gene
         msg = req.chat.messages.add(role=m["role"], content=_content(m.get("content"), i))
         _tool_fields(msg, m, i)
     req.chat.tools.extend(tools.parse_tools(body))
+    _template_options(req.chat, body)
     choice = tools.parse_choice(body, list(req.chat.tools), tool_parser)
     wanted = tools.guide(choice, list(req.chat.tools))
     if wanted is not None:
@@ -381,11 +384,36 @@ def chat_request(body: dict, tool_parser: str | None = None) -> gateway_pb2.Gene
     return req
 
 
+def include_reasoning(body: dict) -> bool:
+    """vLLM's include_reasoning (default true): false leaves a thinking model's reasoning out."""
+    value = body.get("include_reasoning", True)
+    if not isinstance(value, bool):
+        raise bad("include_reasoning", f"must be a boolean, got {value!r:.40}")
+    return value
+
+
 def tool_choice(body: dict, req: gateway_pb2.GenerateRequest, tool_parser: str | None) -> tools.ToolChoice | None:
     """What a chat body (made into req by chat_request) asks of its answer's tool calls: None
     where the answer is plain text (no tools, or tool_choice "none")."""
     choice = tools.parse_choice(body, list(req.chat.tools), tool_parser)
     return None if choice.mode == "none" else choice
+
+
+def _template_options(chat: gateway_pb2.ChatMessages, body: dict) -> None:
+    """vLLM's chat_template_kwargs (an object of template variables), add_generation_prompt and
+    continue_final_message into chat; their values are checked where the template is rendered."""
+    variables = body.get("chat_template_kwargs")
+    if variables is not None:
+        if not isinstance(variables, dict):
+            raise bad("chat_template_kwargs", f"must be an object of template variables, got {variables!r:.40}")
+        chat.template_kwargs = json.dumps(variables)
+    for name in ("add_generation_prompt", "continue_final_message"):
+        value = body.get(name)
+        if value is not None and not isinstance(value, bool):
+            raise bad(name, f"must be a boolean, got {value!r:.40}")
+    if body.get("add_generation_prompt") is not None:
+        chat.add_generation_prompt = body["add_generation_prompt"]
+    chat.continue_final_message = body.get("continue_final_message") or False
 
 
 def _tool_fields(msg: gateway_pb2.ChatMessage, m: dict, i: int) -> None:
@@ -450,6 +478,8 @@ def openai_param(field: str | None) -> str | None:
         return None
     if field.startswith("sampling."):
         return field[len("sampling."):]
+    if field.startswith("chat.template_kwargs"):
+        return "chat_" + field[len("chat."):]
     if field.startswith("chat."):
         return field[len("chat."):]
     return {"text": "prompt", "token_ids.ids": "prompt", "input": "prompt"}.get(field, field)
@@ -467,15 +497,14 @@ def envelope(kind: str, rid: str, model: str, choices: list[dict]) -> dict:
 
 
 def choice(chat: bool, text: str, finish: str | None, delta: bool, first: bool = False, index: int = 0,
-           logprobs: dict | None = None, tool_choice: tools.ToolChoice | None = None) -> dict:
+           logprobs: dict | None = None, tool_choice: tools.ToolChoice | None = None,
+           reasoning: Reasoning | None = None) -> dict:
     """One choice: chat message/delta or completion text, with its logprobs and finish reason; a
-    whole chat answer under a tool choice has its calls read out of the text (tools.message)."""
+    whole chat answer has its reasoning and tool calls read out of the text (chat_answer.message)."""
     if not chat:
         return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
     if not delta:
-        message = {"role": "assistant", "content": text}
-        if tool_choice is not None:
-            message, finish = tools.message(tool_choice, text, finish)
+        message, finish = chat_answer.message(text, finish, reasoning, tool_choice)
         return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish}
     d = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
     return delta_choice(d, finish, index, logprobs)

@@ -68,3 +68,12 @@ class StopChecker:
             if any(stop.startswith(tail) for stop in self._stops):
                 return n
         return 0
+
+
+def tag_start(text: str, tag: str) -> int:
+    """The length of the longest end of text that begins tag (0 if none): what a stream holds
+    back while it waits to see whether the tag comes."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:n]):
+            return n
+    return 0

@@ -9,8 +9,11 @@ from typing import Any
 from gateway import openai_schema as schema
 from gateway.errors import invalid
 from gateway.generation import Generation
-from gateway.tokenizer import encode_prompt
 from pdserve.core.sampling import ValidationError
+
+
+# What a chat body gives /tokenize (its sampling and tool_choice do not change the prompt).
+CHAT_OPTIONS = ("messages", "tools", "chat_template_kwargs", "add_generation_prompt", "continue_final_message")
 
 
 def _flag(body: dict, name: str, default: bool) -> bool:
@@ -23,8 +26,8 @@ def _flag(body: dict, name: str, default: bool) -> bool:
 
 
 def tokenize(body: dict, generation: Generation, words: schema.TokenText) -> dict[str, Any]:
-    """{"prompt": text} (add_special_tokens, default true) or {"messages": [...]} (with `tools`;
-    add_generation_prompt, default true) -> {"count", "max_model_len", "tokens"} and, with
+    """{"prompt": text} (add_special_tokens, default true) or {"messages": [...]} (with `tools`,
+    chat_template_kwargs, add_generation_prompt (default true) and continue_final_message, as on chat) -> {"count", "max_model_len", "tokens"} and, with
     return_token_strs, each token's text ("token_strs", as logprobs write tokens)."""
     strs = _flag(body, "return_token_strs", False)
     tok = generation.tokenizer
@@ -38,9 +41,8 @@ def tokenize(body: dict, generation: Generation, words: schema.TokenText) -> dic
                 raise schema.bad("prompt", f"must be a string, got {type(prompt).__name__}")
             ids = list(tok(prompt, add_special_tokens=_flag(body, "add_special_tokens", True))["input_ids"])
         else:
-            req = schema.chat_request({"messages": body["messages"], "tools": body.get("tools"), "tool_choice": "none"})
-            ids = encode_prompt(tok, messages=req.chat.messages, tools=req.chat.tools,
-                                add_generation_prompt=_flag(body, "add_generation_prompt", True))
+            chat = {k: body[k] for k in CHAT_OPTIONS if k in body}
+            ids = generation.encode_chat(schema.chat_request({**chat, "tool_choice": "none"}).chat)
     except ValidationError as e:
         raise invalid(e) from None
     out: dict[str, Any] = {"count": len(ids), "max_model_len": generation.model.max_model_len, "tokens": ids}

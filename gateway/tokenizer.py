@@ -12,6 +12,8 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from pdserve.core.sampling import ValidationError
 
 ALLOWED_ROLES = frozenset({"system", "user", "assistant", "tool"})
+# Template variables a request's template_kwargs cannot set: the gateway sets them itself.
+RESERVED_TEMPLATE_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "continue_final_message"})
 
 
 def load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:
@@ -27,6 +29,8 @@ def encode_prompt(
     token_ids: Iterable[int] | None = None,
     tools: Iterable[Any] = (),
     add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> list[int]:
     """Turn exactly one kind of prompt into token ids.
 
@@ -37,7 +41,10 @@ def encode_prompt(
       object may also carry `tool_calls` (items with id, name and arguments, JSON text),
       `tool_call_id` and `name`; `tools` (items with name, description and parameters, a JSON
       schema's text) reach the template as `tools` in the OpenAI form; `add_generation_prompt`
-      False leaves out the opening of the assistant's turn (to count a conversation's tokens).
+      False leaves out the opening of the assistant's turn (to count a conversation's tokens);
+      `continue_final_message` (with add_generation_prompt False) ends the prompt right after the
+      last message's content, so the answer continues that message; `template_kwargs` are extra
+      template variables (see `template_variables`).
     - `token_ids`: taken as given (range checks against the vocabulary happen in
       `pdserve.core.sampling.validate_prompt`).
 
@@ -51,7 +58,9 @@ def encode_prompt(
     if text is not None:
         return _encode_text(tok, text)
     if messages is not None:
-        return _encode_messages(tok, messages, tools, add_generation_prompt)
+        return encode_rendered(tok, render_chat(tok, messages, tools, add_generation_prompt=add_generation_prompt,
+                                                continue_final_message=continue_final_message,
+                                                template_kwargs=template_kwargs))
     assert token_ids is not None
     return _check_token_ids(token_ids)
 
@@ -64,8 +73,27 @@ def _encode_text(tok: PreTrainedTokenizerBase, text: str) -> list[int]:
     return list(tok(text, add_special_tokens=True)["input_ids"])
 
 
-def _encode_messages(tok: PreTrainedTokenizerBase, messages: Iterable[Any], tools: Iterable[Any] = (),
-                     add_generation_prompt: bool = True) -> list[int]:
+def template_variables(text: str) -> dict[str, Any]:
+    """A request's template_kwargs (JSON text of an object; "" for none) as template variables,
+    or ValidationError naming `template_kwargs` (not JSON, not an object, or a reserved name)."""
+    if not text:
+        return {}
+    variables = _json_object(text, "template_kwargs")
+    taken = sorted(RESERVED_TEMPLATE_VARIABLES & variables.keys())
+    if taken:
+        raise ValidationError(f"template_kwargs.{taken[0]}", "is set by the request itself, not as a template variable")
+    return variables
+
+
+def encode_rendered(tok: PreTrainedTokenizerBase, rendered: str) -> list[int]:
+    """A rendered chat's token ids: it already holds BOS and role markers, so none are added."""
+    return list(tok(rendered, add_special_tokens=False)["input_ids"])
+
+
+def render_chat(tok: PreTrainedTokenizerBase, messages: Iterable[Any], tools: Iterable[Any] = (), *,
+                add_generation_prompt: bool = True, continue_final_message: bool = False,
+                template_kwargs: Mapping[str, Any] | None = None) -> str:
+    """The chat template's text for messages (see encode_prompt), or ValidationError naming the field."""
     if not _is_list_like(messages):
         raise ValidationError("messages", "must be a list of (role, content) messages")
     items = list(messages)
@@ -73,16 +101,32 @@ def _encode_messages(tok: PreTrainedTokenizerBase, messages: Iterable[Any], tool
         raise ValidationError("prompt", "the prompt is empty (no messages)")
     if not tok.chat_template:
         raise ValidationError("messages", "this model has no chat template; send a text prompt instead")
+    if continue_final_message and add_generation_prompt:
+        raise ValidationError("continue_final_message", "needs add_generation_prompt false (the answer continues "
+                                                        "the last message instead of opening a turn)")
     conversation = [_message(i, m) for i, m in enumerate(items)]
     functions = [_tool(i, t) for i, t in enumerate(tools)]
     try:
         rendered = tok.apply_chat_template(conversation, tools=functions or None,
-                                           add_generation_prompt=add_generation_prompt, tokenize=False)
+                                           add_generation_prompt=add_generation_prompt, tokenize=False,
+                                           **(template_kwargs or {}))
     except Exception as e:  # jinja TemplateError or a template's raise_exception()
         raise ValidationError("messages", f"the chat template rejected the messages: {e}") from e
     assert isinstance(rendered, str)
-    # The rendered template already holds BOS/role markers; adding them again would double them.
-    return list(tok(rendered, add_special_tokens=False)["input_ids"])
+    return _open_last(rendered, conversation) if continue_final_message else rendered
+
+
+def _open_last(rendered: str, conversation: list[dict[str, Any]]) -> str:
+    """The rendered chat cut right after the last message's content (what closes its turn goes)."""
+    where = f"messages[{len(conversation) - 1}].content"
+    content = conversation[-1]["content"]
+    if not content.strip():
+        raise ValidationError(where, "must not be empty with continue_final_message (it is the text to continue)")
+    for text in (content, content.strip()):  # a template may strip the content
+        at = rendered.rfind(text)
+        if at >= 0:
+            return rendered[:at + len(text)]
+    raise ValidationError(where, "the chat template does not show it as given, so it cannot be continued")
 
 
 def _message(i: int, message: Any) -> dict[str, Any]:

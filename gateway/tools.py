@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.errors import bad
+from gateway.stops import tag_start
 from pdserve.proto import gateway_pb2
 
 PARSERS = ("hermes",)
@@ -189,7 +190,7 @@ class ToolStream:
             return []
         at = self.held.find(HERMES_OPEN)
         self.calling = at >= 0
-        cut = at if self.calling else len(self.held) - _tag_prefix(self.held, HERMES_OPEN)
+        cut = at if self.calling else len(self.held) - tag_start(self.held, HERMES_OPEN)
         out, self.held = self.held[:cut], self.held[cut:]
         self.sent += out
         return [{"content": out}] if out else []
@@ -201,14 +202,6 @@ class ToolStream:
         if read is None:
             return ([{"content": self.held}] if self.held else []), finish
         return [{"tool_calls": [c]} for c in read[1]], "tool_calls" if finish == "stop" else finish
-
-
-def _tag_prefix(text: str, tag: str) -> int:
-    """The length of the longest end of text that begins tag (0 if none)."""
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:n]):
-            return n
-    return 0
 
 
 def message(choice: ToolChoice, text: str, finish: str | None) -> tuple[dict, str | None]:

@@ -24,6 +24,7 @@ def _up(argv: list[str]) -> None:
     p.add_argument("--http-port", type=int, default=None, help="the gateway's OpenAI-compatible HTTP port (off when absent)")
     p.add_argument("--chat-template", default=None, metavar="FILE", help="the gateway's chat template instead of the model's")
     p.add_argument("--tool-call-parser", default=None, help="the gateway's tool-call parser (hermes): tool_choice \"auto\"")
+    p.add_argument("--reasoning-parser", default=None, help="the gateway's reasoning parser (deepseek_r1, qwen3)")
     args, worker_args = p.parse_known_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the services too, like Ctrl-C
     from pdserve.launch import Stack
@@ -34,7 +35,7 @@ def _up(argv: list[str]) -> None:
     decode_args = ["--speculative-config", args.speculative_config] if args.speculative_config else []
     gateway_args = ["--num-procs", args.gateway_procs]
     for flag, value in (("--http-port", args.http_port), ("--chat-template", args.chat_template),
-                        ("--tool-call-parser", args.tool_call_parser)):
+                        ("--tool-call-parser", args.tool_call_parser), ("--reasoning-parser", args.reasoning_parser)):
         gateway_args += [flag, str(value)] if value is not None else []
     stack = Stack(model=str(model), worker_args=worker_args, echo=not args.quiet, colocated=args.colocated,
                   decode_args=decode_args, gateway_args=gateway_args)
