@@ -2,7 +2,10 @@
 started with the shipped ChatML tools template and the Hermes parser: a named function and
 "required" constrain the output to calls of the request's tools; "auto" reads the calls the model
 writes (forced here with a regex, as the small model rarely calls a tool of itself); streamed
-answers assemble to the whole ones; earlier calls and tool results render in later turns."""
+answers assemble to the whole ones; earlier calls and tool results render in later turns. The
+same gateway has --reasoning-parser qwen3: a <think>...</think> the model writes (forced with a
+regex too) is the answer's `reasoning`, apart from its content; and the chat template's options
+(add_generation_prompt, continue_final_message, chat_template_kwargs) shape the prompt."""
 
 from __future__ import annotations
 
@@ -34,7 +37,7 @@ def http(default_model_dir):
     port = free_port()
     with Stack(model=str(default_model_dir), worker_args=["--max-model-len", "1024"],
                gateway_args=["--max-model-len", "1024", "--http-port", str(port), "--chat-template", str(TEMPLATE),
-                             "--tool-call-parser", "hermes"]) as st:
+                             "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3"]) as st:
         yield st, f"http://127.0.0.1:{port}/v1"
 
 
@@ -131,3 +134,65 @@ def test_each_choice_has_its_own_calls(client):
             for t in c.delta.tool_calls or []:
                 streamed[c.index] = streamed.get(c.index, "") + (t.function.arguments or "")
     assert streamed == {c.index: c.message.tool_calls[0].function.arguments for c in r.choices}
+
+
+THINK = {"guided_regex": "<think>[a-z ]{5,40}</think>\n\n[A-Z][a-z ]{3,30}\\."}
+
+
+def _thought(client, stream: bool, **kw) -> tuple[str | None, str | None, str]:
+    """(reasoning, content, finish_reason) of a greedy chat answer, whole or streamed."""
+    args = dict(model="", messages=ASK, max_tokens=60, temperature=0)
+    args.update(kw)
+    if not stream:
+        c = client.chat.completions.create(**args).choices[0]
+        extra = c.message.model_extra or {}
+        assert extra.get("reasoning") == extra.get("reasoning_content")
+        return extra.get("reasoning"), c.message.content, c.finish_reason
+    thought, content, finish = None, None, ""
+    for chunk in client.chat.completions.create(**args, stream=True):
+        d = chunk.choices[0].delta
+        extra = d.model_extra or {}
+        if extra.get("reasoning"):
+            thought = (thought or "") + extra["reasoning"]
+        if d.content:
+            content = (content or "") + d.content
+        finish = chunk.choices[0].finish_reason or finish
+    return thought, content, finish
+
+
+def test_reasoning_is_apart_from_the_content(client):
+    import re
+
+    thought, content, finish = _thought(client, False, extra_body=THINK)
+    assert finish == "stop" and re.fullmatch("[a-z ]{5,40}", thought) and re.fullmatch("[A-Z][a-z ]{3,30}\\.", content)
+    assert _thought(client, True, extra_body=THINK) == (thought, content, "stop")
+    hidden = {**THINK, "include_reasoning": False}
+    assert _thought(client, False, extra_body=hidden) == (None, content, "stop")
+    assert _thought(client, True, extra_body=hidden) == (None, content, "stop")
+    plain = _thought(client, False, max_tokens=8)  # no <think>: all content
+    assert plain[0] is None and plain[1]
+
+
+def test_template_options_shape_the_prompt(http, client):
+    import urllib.request
+
+    def count(**body) -> int:
+        req = urllib.request.Request(http[1].removesuffix("/v1") + "/tokenize", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return json.loads(r.read())["count"]
+
+    begun = [*ASK, {"role": "assistant", "content": "The weather in Paris is"}]
+    opened = count(messages=begun, add_generation_prompt=False, continue_final_message=True)
+    assert opened < count(messages=begun, add_generation_prompt=False) < count(messages=begun)
+    r = client.chat.completions.create(model="", messages=begun, max_tokens=4, temperature=0,
+                                       extra_body={"add_generation_prompt": False, "continue_final_message": True,
+                                                   "chat_template_kwargs": {"unused": 1}})
+    assert r.usage.prompt_tokens == opened and r.choices[0].message.content
+    for extra, param in (({"continue_final_message": True}, "continue_final_message"),
+                         ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs.messages"),
+                         ({"chat_template_kwargs": "x"}, "chat_template_kwargs"),
+                         ({"include_reasoning": "x"}, "include_reasoning")):
+        with pytest.raises(openai.BadRequestError) as err:
+            client.chat.completions.create(model="", messages=begun, max_tokens=4, extra_body=extra)
+        assert err.value.body["param"] == param, err.value.body
