@@ -24,13 +24,14 @@ def _listening(address: str) -> bool:
 
 
 def test_sigterm_stops_every_service(tmp_path) -> None:
-    """With --http-port the gateway's OpenAI face answers too, and goes with the rest."""
+    """With --http-port the gateway's OpenAI face answers too (with the --reasoning-parser given to
+    up), and goes with the rest."""
     from pdserve.launch import free_port
 
     port, http_port = free_port(), free_port()
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.Popen([sys.executable, "-c", "from pdserve.cli import main; main()", "up", "--quiet", "--port", str(port),
-                             "--http-port", str(http_port)],
+                             "--http-port", str(http_port), "--reasoning-parser", "qwen3"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     addresses, urls = [], []
     try:
@@ -48,6 +49,12 @@ def test_sigterm_stops_every_service(tmp_path) -> None:
         assert urls == [f"http://127.0.0.1:{http_port}/v1"]
         with urllib.request.urlopen(urls[0] + "/models", timeout=30) as r:
             assert json.loads(r.read())["data"][0]["object"] == "model"
+        ask = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 40, "temperature": 0,
+               "guided_regex": "<think>a{1,3}</think>b{1,3}"}
+        with urllib.request.urlopen(urllib.request.Request(urls[0] + "/chat/completions", json.dumps(ask).encode(),
+                                                           {"Content-Type": "application/json"}), timeout=60) as r:
+            message = json.loads(r.read())["choices"][0]["message"]
+        assert message["reasoning"].startswith("a") and message["content"].startswith("b"), message
         addresses.append(f"127.0.0.1:{http_port}")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) is not None
