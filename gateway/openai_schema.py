@@ -164,7 +164,33 @@ def _structured_output(body: dict) -> tuple[str, gateway_pb2.StructuredOutput] |
         if found is not None:
             raise bad(name, f"only one kind of structured output may be given ({found[0]} asks for one already)")
         found = asked
-    return found
+    return _whitespace(body, found)
+
+
+def _whitespace(body: dict, found: tuple[str, gateway_pb2.StructuredOutput] | None
+                ) -> tuple[str, gateway_pb2.StructuredOutput] | None:
+    """vLLM's guided_whitespace_pattern (or structured_outputs.whitespace_pattern): the whitespace
+    JSON output may have between its tokens, instead of none (separators ", " and ": " then become
+    "," and ":" plus that whitespace). It goes into the schema as llguidance's x-guidance options."""
+    outputs = body.get("structured_outputs")
+    param, pattern = "guided_whitespace_pattern", body.get("guided_whitespace_pattern")
+    if isinstance(outputs, dict) and outputs.get("whitespace_pattern") is not None:
+        if pattern is not None:
+            raise bad("structured_outputs.whitespace_pattern", "guided_whitespace_pattern gives one already")
+        param, pattern = "structured_outputs.whitespace_pattern", outputs["whitespace_pattern"]
+    if pattern is None:
+        return found
+    if not isinstance(pattern, str) or not pattern:
+        raise bad(param, f"must be a non-empty regular expression, got {pattern!r:.40}")
+    kind = found[1].WhichOneof("kind") if found is not None else None
+    if found is None or kind not in ("json_schema", "json_object"):
+        raise bad(param, "applies to JSON output only (a JSON schema or json_object)")
+    schema = json.loads(found[1].json_schema) if kind == "json_schema" else {"type": "object"}
+    if not isinstance(schema.get("x-guidance", {}), dict):
+        raise bad(found[0], "its x-guidance must be an object of llguidance's JSON options")
+    schema["x-guidance"] = {**schema.get("x-guidance", {}), "whitespace_pattern": pattern,
+                            "item_separator": ",", "key_separator": ":"}
+    return found[0], gateway_pb2.StructuredOutput(json_schema=json.dumps(schema))
 
 
 def _response_format(value: Any) -> tuple[str, gateway_pb2.StructuredOutput] | None:
@@ -202,6 +228,8 @@ def _vllm_structured_outputs(value: Any) -> tuple[str, gateway_pb2.StructuredOut
     for key, member in value.items():
         param = f"structured_outputs.{key}"
         if member is None or (key in (*STRUCTURED_OPTIONS, "json_object") and member is False):
+            continue
+        if key == "whitespace_pattern":  # an option of json (_whitespace)
             continue
         if key not in STRUCTURED_KINDS:
             raise bad(param, f"is not supported by this server (give one of {', '.join(STRUCTURED_KINDS)})")

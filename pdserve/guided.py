@@ -7,6 +7,8 @@ masks every later one. Compiled matchers are kept per guide (LRU) and copied per
 
 JSON is generated compact and in one form, `{"a": 1, "b": [2, 3]}` (json.dumps' separators, no
 other whitespace): with free whitespace a small model can spend its whole budget on newlines.
+A schema's own `x-guidance` options (llguidance's) win over these: the OpenAI face's
+guided_whitespace_pattern sets whitespace_pattern and bare separators there.
 """
 
 from __future__ import annotations
@@ -34,8 +36,11 @@ CACHED_GUIDES = 128  # compiled matchers kept per compiler (a new request copies
 
 def grammar(guide: Guide) -> str:
     """The llguidance grammar of a guide that passed Guide.validate (not yet compiled)."""
-    if guide.kind is GuideKind.JSON:
-        return llguidance.LLMatcher.grammar_from_json_schema(guide.value, overrides=JSON_OPTIONS)
+    if guide.kind is GuideKind.JSON:  # options the schema's own x-guidance sets are its own
+        schema = json.loads(guide.value)
+        given = schema.get("x-guidance") if isinstance(schema, dict) else None
+        overrides = {k: v for k, v in JSON_OPTIONS.items() if not isinstance(given, dict) or k not in given}
+        return llguidance.LLMatcher.grammar_from_json_schema(guide.value, overrides=overrides)
     if guide.kind is GuideKind.REGEX:
         return llguidance.LLMatcher.grammar_from_regex(guide.value)
     if guide.kind is GuideKind.CHOICE:  # JSON string literals are Lark's too

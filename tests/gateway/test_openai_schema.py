@@ -14,7 +14,8 @@ from gateway.errors import GatewayError
 from gateway.generation import UNKNOWN_MODEL
 from gateway.openai_http import error_body
 from gateway.openai_schema import (MAX_CHOICES, ChoiceLogprobs, TokenText, as_sent, bad, chat_request,
-                                   completion_requests, echo, merge_logprobs, samples, vllm_prompt_logprobs)
+                                   completion_requests, echo, merge_logprobs, samples, sampling,
+                                   vllm_prompt_logprobs)
 from gateway.tokenizer import load_tokenizer
 from pdserve.proto import gateway_pb2
 
@@ -476,3 +477,18 @@ def test_a_guide_the_gateway_refuses_names_the_parameter_sent(extra, param):
     other = bad("sampling.top_p", "must be in (0, 1], got 2.0")
     assert as_sent(other, body) is other  # other fields keep their own mapping
     assert as_sent(refused, CHAT) is refused  # a body without structured output: nothing to name
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"guided_regex": "a+", "guided_whitespace_pattern": " *"}, "guided_whitespace_pattern"),
+    ({"guided_whitespace_pattern": " *"}, "guided_whitespace_pattern"),
+    ({"guided_json": {}, "guided_whitespace_pattern": ""}, "guided_whitespace_pattern"),
+    ({"guided_json": {}, "guided_whitespace_pattern": 3}, "guided_whitespace_pattern"),
+    ({"structured_outputs": {"json": {}, "whitespace_pattern": " "}, "guided_whitespace_pattern": " "},
+     "structured_outputs.whitespace_pattern"),
+    ({"guided_json": {"x-guidance": 1}, "guided_whitespace_pattern": " "}, "guided_json"),
+])
+def test_a_whitespace_pattern_needs_json_output(body, param):
+    with pytest.raises(GatewayError) as err:
+        sampling(body, chat=True)
+    assert err.value.field == param, str(err.value)

@@ -305,3 +305,28 @@ def test_cuda_guided_decode_keeps_to_the_mask_in_graphs_and_eager():
     assert sum(given) >= 20  # guided rows sampled in overlapped steps, given their masks late
     assert results[False][0]["r0"] == results[True][0]["r0"]
     assert results[False][0]["r2"] == results[True][0]["r2"]
+
+
+def _accepts(guides, tokenizer, guide: Guide, text: str) -> bool:
+    g = guides.new(guide)
+    return all(g.accept(t) for t in tokenizer.encode(text, add_special_tokens=False))
+
+
+@pytest.mark.parametrize("body", [
+    {"guided_json": {"type": "object", "properties": {"a": {"type": "integer"}}}, "guided_whitespace_pattern": "[\n ]{0,3}"},
+    {"response_format": {"type": "json_object"}, "guided_whitespace_pattern": "[\n ]{0,3}"},
+    {"structured_outputs": {"json": {"type": "object"}, "whitespace_pattern": "[\n ]{0,3}"}},
+])
+def test_a_whitespace_pattern_lets_json_have_that_whitespace(guides, tokenizer, body):
+    """vLLM's guided_whitespace_pattern: JSON may have the pattern's whitespace between tokens
+    (compact JSON still passes); without it JSON is compact only."""
+    from gateway.generation import sampling_from_request
+    from gateway.openai_schema import sampling
+
+    guide = sampling_from_request(sampling(body, chat=True)).guide
+    assert _accepts(guides, tokenizer, guide, '{\n  "a":1 }') and _accepts(guides, tokenizer, guide, '{"a":1}')
+    assert not _accepts(guides, tokenizer, guide, '{\n\n\n\n"a": 1}')  # four: more than the pattern
+    compact = {k: v for k, v in body.items() if k != "guided_whitespace_pattern"}
+    compact.get("structured_outputs", {}).pop("whitespace_pattern", None)
+    plain = sampling_from_request(sampling(compact, chat=True)).guide
+    assert _accepts(guides, tokenizer, plain, '{"a": 1}') and not _accepts(guides, tokenizer, plain, '{\n"a": 1}')
