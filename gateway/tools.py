@@ -8,8 +8,10 @@ this module maps OpenAI's parameters onto those and reads the calls back out of 
 - "required": the output is constrained to a JSON array of {"name", "parameters"} items, one of
   the tools each, at least one (one at most with parallel_tool_calls false): finish "tool_calls";
 - "auto" (the default when tools are given): the model writes freely and the gateway's
-  --tool-call-parser reads its calls out of the text; without a parser "auto" is refused by name,
-  as vLLM does (the calls could not be told from text);
+  --tool-call-parser reads its calls out of the text (`hermes`: <tool_call>{...}</tool_call>
+  blocks after any text, Qwen2.5/3 and Hermes models; `llama3_json`: an answer that is one or
+  more {"name", "parameters"} objects, Llama 3.1/3.2); without a parser "auto" is refused by
+  name, as vLLM does (the calls could not be told from text);
 - "none": the tools reach the template, the text is the answer.
 
 A call's arguments are JSON text. Text the parser cannot read as calls stays the answer's content.
@@ -27,17 +29,20 @@ from gateway.errors import bad
 from gateway.stops import tag_start
 from pdserve.proto import gateway_pb2
 
-PARSERS = ("hermes",)
+PARSERS = ("hermes", "llama3_json")
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
+PYTHON_TAG = "<|python_tag|>"  # Llama 3.1 may open its JSON calls with it (a special token, often skipped)
 
 
 @dataclass(frozen=True)
 class ToolChoice:
-    """What a request asks of its tools: mode "none", "auto", "required" or "named" (then `name`)."""
+    """What a request asks of its tools: mode "none", "auto", "required" or "named" (then `name`);
+    `parser` reads "auto"'s calls (PARSERS)."""
 
     mode: str
     name: str = ""
     parallel: bool = True
+    parser: str = "hermes"
 
 
 def parse_tools(body: dict) -> list[gateway_pb2.Tool]:
@@ -96,9 +101,9 @@ def parse_choice(body: dict, tools: list[gateway_pb2.Tool], parser: str | None) 
     if value != "none" and not tools:
         raise bad("tool_choice", f"{value!r} needs tools")
     if value == "auto" and parser is None:
-        raise bad("tool_choice", '"auto" needs a gateway started with --tool-call-parser (hermes); '
+        raise bad("tool_choice", f'"auto" needs a gateway started with --tool-call-parser ({", ".join(PARSERS)}); '
                                   'ask for "required", a named function or "none", or give no tools')
-    return ToolChoice(value, "", parallel is not False)
+    return ToolChoice(value, "", parallel is not False, parser or "hermes")
 
 
 def guide(choice: ToolChoice, tools: list[gateway_pb2.Tool]) -> gateway_pb2.StructuredOutput | None:
@@ -137,7 +142,7 @@ def read_calls(choice: ToolChoice, text: str) -> tuple[str | None, list[dict]] |
             return None
         return None, [_call(i, c["name"], json.dumps(c["parameters"])) for i, c in enumerate(items)]
     if choice.mode == "auto":
-        return _hermes(text)
+        return _llama3_json(text) if choice.parser == "llama3_json" else _hermes(text)
     return None
 
 
@@ -159,6 +164,39 @@ def _hermes(text: str) -> tuple[str | None, list[dict]] | None:
         calls.append(_call(i, item["name"], args if isinstance(args, str) else json.dumps(args)))
     content = text[:start]
     return (content if content.strip() else None), calls
+
+
+def _llama3_json(text: str) -> tuple[str | None, list[dict]] | None:
+    """Llama 3.1/3.2's JSON calls: the whole answer is {"name": ..., "parameters": {...}} (or
+    "arguments"), one or more separated by ";", maybe after <|python_tag|>; anything else is text."""
+    rest, calls, decoder = text.strip().removeprefix(PYTHON_TAG), [], json.JSONDecoder()
+    while rest:
+        try:
+            item, end = decoder.raw_decode(rest)
+        except ValueError:
+            return None
+        args = item.get("parameters", item.get("arguments", {})) if isinstance(item, dict) else None
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str) or not isinstance(args, (dict, str)):
+            return None
+        calls.append(_call(len(calls), item["name"], args if isinstance(args, str) else json.dumps(args)))
+        rest = rest[end:].strip().removeprefix(";").strip()
+    return (None, calls) if calls else None
+
+
+def _call_start(choice: ToolChoice, held: str, sent: str) -> tuple[int, bool]:
+    """Streaming "auto": (how much of the held text may go out as content, whether a call has
+    begun at that point). Hermes calls begin at their tag anywhere (a partial tag at the end
+    waits); Llama's JSON calls only as the whole answer, so its start waits for a first character."""
+    if choice.parser == "llama3_json":
+        if sent:
+            return len(held), False
+        start = held.lstrip()
+        if not start or PYTHON_TAG.startswith(start):
+            return 0, False
+        calling = start.startswith(("{", PYTHON_TAG))
+        return (0 if calling else len(held)), calling
+    at = held.find(HERMES_OPEN)
+    return (at, True) if at >= 0 else (len(held) - tag_start(held, HERMES_OPEN), False)
 
 
 class ToolStream:
@@ -188,9 +226,7 @@ class ToolStream:
         self.held += text
         if self.choice.mode != "auto" or self.calling:
             return []
-        at = self.held.find(HERMES_OPEN)
-        self.calling = at >= 0
-        cut = at if self.calling else len(self.held) - tag_start(self.held, HERMES_OPEN)
+        cut, self.calling = _call_start(self.choice, self.held, self.sent)
         out, self.held = self.held[:cut], self.held[cut:]
         self.sent += out
         return [{"content": out}] if out else []

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from gateway.errors import GatewayError
 from gateway.openai_schema import chat_request, tool_choice
 from gateway.tokenizer import encode_prompt, load_tokenizer
-from gateway.tools import ToolChoice, ToolStream, guide, message, parse_tools, read_calls
+from gateway.tools import ToolChoice, ToolStream, guide, message, parse_choice, parse_tools, read_calls
 from pdserve.core.sampling import ValidationError
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather of a city", "parameters": {
@@ -158,16 +158,23 @@ def _whole(choice: ToolChoice, text: str, finish: str) -> tuple[str, list[dict],
     return msg["content"] or "", [c["function"] for c in msg.get("tool_calls", [])], finish
 
 
-@settings(max_examples=200, deadline=None)
+LLAMA = '{"name": "get_weather", "parameters": {"city": "Paris"}}'
+
+
+@settings(max_examples=300, deadline=None)
 @given(st.sampled_from([("auto", "I will check.\n" + CALL + "\n" + CALL.replace("Paris", "Oslo")), ("auto", "No <tool_ call here"),
                         ("auto", "a < b <tool_call>{bad}</tool_call>"), ("named", '{"city": "Paris"}'),
-                        ("required", '[{"name": "get_time", "parameters": {}}]'), ("required", '[{"name"')]),
+                        ("required", '[{"name": "get_time", "parameters": {}}]'), ("required", '[{"name"')]
+                       + [("llama3_json", t) for t in (" " + LLAMA, LLAMA + "; " + LLAMA.replace("Paris", "Oslo"),
+                                                       "<|python_tag|>" + LLAMA, '{"name": "f"', "{not json}",
+                                                       "Sure: " + LLAMA, "<|python", "  ")]),
        st.lists(st.integers(0, 80), max_size=6), st.sampled_from(["stop", "length"]))
 def test_a_streamed_answer_assembles_to_the_whole_one(case, cuts, finish):
     """Whatever the chunking (a tag split across chunks included), the deltas add up to the whole
     answer's content, calls and finish reason."""
     mode, text = case
-    choice = ToolChoice(mode, "get_weather" if mode == "named" else "")
+    choice = ToolChoice("auto", parser="llama3_json") if mode == "llama3_json" else \
+        ToolChoice(mode, "get_weather" if mode == "named" else "")
     bounds = sorted({min(c, len(text)) for c in cuts})
     pieces = [text[a:b] for a, b in zip([0, *bounds], [*bounds, len(text)])]
     assert _streamed(choice, pieces, finish) == _whole(choice, text, finish)
@@ -230,3 +237,23 @@ def test_gateway_flags(default_model_dir, tmp_path, capsys):
     with pytest.raises(SystemExit):
         parser().parse_args([*base, "--tool-call-parser", "pythonic"])
     assert "--tool-call-parser" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text, calls", [
+    (LLAMA, [("get_weather", '{"city": "Paris"}')]),
+    ("\n<|python_tag|>" + LLAMA + " ;\n" + '{"name": "get_time", "arguments": {}}',
+     [("get_weather", '{"city": "Paris"}'), ("get_time", "{}")]),
+    ('{"name": "f", "parameters": "{\\"a\\": 1}"}', [("f", '{"a": 1}')]),
+    ("The weather: " + LLAMA, None), ('{"city": "Paris"}', None), (LLAMA + " and more", None), ("", None),
+])
+def test_llama3_json_reads_whole_answers_of_calls(text, calls):
+    """llama3_json: calls only where the whole answer is JSON calls; anything else is content."""
+    choice = parse_choice({"tools": [{"type": "function", "function": {"name": "get_weather"}}]},
+                          parse_tools({"tools": [{"type": "function", "function": {"name": "get_weather"}}]}), "llama3_json")
+    assert choice == ToolChoice("auto", parser="llama3_json")
+    read = read_calls(choice, text)
+    if calls is None:
+        assert read is None and message(choice, text, "stop") == ({"role": "assistant", "content": text}, "stop")
+        return
+    assert read[0] is None and [(c["function"]["name"], c["function"]["arguments"]) for c in read[1]] == calls
+    assert message(choice, text, "stop")[1] == "tool_calls"
