@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.metadata
 import json
 import logging
 import math
@@ -17,6 +18,7 @@ import uuid
 from collections.abc import AsyncIterator
 
 import grpc
+import prometheus_client
 from aiohttp import web
 from opentelemetry import propagate
 
@@ -24,9 +26,10 @@ from gateway import openai_schema as schema
 from gateway import chat_answer, tokenize_api, tools
 from gateway import reasoning as think
 from gateway.deadline import Deadline
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, invalid
 from gateway.generation import UNKNOWN_MODEL, Generation
 from gateway.observe import observed
+from pdserve.core.sampling import ValidationError
 from pdserve.metrics import GatewayMetrics
 from pdserve.proto import gateway_pb2
 
@@ -94,7 +97,9 @@ class OpenAIServer:
         self.words = schema.TokenText(generation.tokenizer, generation.byte_table)  # for logprobs
         self.runner: web.AppRunner | None = None
         self.app = web.Application(client_max_size=16 << 20, middlewares=[json_errors])
-        self.app.add_routes([web.get("/v1/models", self.models), web.get("/health", self.health),
+        self.app.add_routes([web.get("/v1/models", self.models), web.get("/v1/models/{name:.+}", self.model),
+                             web.get("/health", self.health), web.get("/ping", self.health), web.post("/ping", self.health),
+                             web.get("/version", self.version), web.get("/metrics", self.prometheus),
                              web.post("/v1/completions", self.completions),
                              web.post("/v1/chat/completions", self.chat),
                              web.post("/tokenize", self.tokenize), web.post("/detokenize", self.detokenize)])
@@ -112,11 +117,32 @@ class OpenAIServer:
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(status=503 if self.generation.admission.draining else 200)
 
-    async def models(self, request: web.Request) -> web.Response:
+    def _model_card(self) -> dict:
         m = self.generation.model
-        return web.json_response({"object": "list", "data": [{
-            "id": m.name, "object": "model", "created": int(time.time()), "owned_by": "pdserve",
-            "max_model_len": m.max_model_len}]})
+        return {"id": m.name, "object": "model", "created": int(time.time()), "owned_by": "pdserve",
+                "max_model_len": m.max_model_len}
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [self._model_card()]})
+
+    async def model(self, request: web.Request) -> web.Response:
+        """OpenAI's GET /v1/models/{model}: this gateway's model, or 404 naming it."""
+        try:
+            self.generation.check_model(request.match_info["name"])
+        except ValidationError as e:
+            return error_response(invalid(e))
+        return web.json_response(self._model_card())
+
+    async def version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": importlib.metadata.version("pdserve")})
+
+    async def prometheus(self, request: web.Request) -> web.Response:
+        """The gateway's Prometheus metrics on the API port too (as vLLM's server has them), the
+        same as on --metrics-port."""
+        if self.metrics is None:
+            return web.Response(status=404, text="this gateway keeps no metrics\n")
+        return web.Response(body=prometheus_client.generate_latest(self.metrics.registry),
+                            headers={"Content-Type": prometheus_client.CONTENT_TYPE_LATEST})
 
     async def tokenize(self, request: web.Request) -> web.Response:
         """vLLM's /tokenize: a prompt's (or chat's) token ids, their count and max_model_len."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import json
 import urllib.error
 import urllib.request
@@ -35,6 +36,28 @@ def client(http):
 
 def test_models(client, default_model_dir):
     assert [m.id for m in client.models.list().data] == [default_model_dir.name]
+    assert client.models.retrieve(default_model_dir.name).id == default_model_dir.name
+    with pytest.raises(openai.NotFoundError) as err:
+        client.models.retrieve("other-model")
+    assert err.value.body["param"] == "model" and "other-model" in err.value.body["message"]
+
+
+def test_service_endpoints(http, client):
+    """vLLM's /ping and /version, and the Prometheus metrics on the API port too."""
+    root = http[1].removesuffix("/v1")
+    client.completions.create(model="", prompt="Hello", max_tokens=2)
+    for path in ("/ping", "/health"):
+        with urllib.request.urlopen(root + path, timeout=30) as r:
+            assert r.status == 200
+    with urllib.request.urlopen(urllib.request.Request(root + "/ping", data=b"", method="POST"), timeout=30) as r:
+        assert r.status == 200
+    with urllib.request.urlopen(root + "/version", timeout=30) as r:
+        assert json.loads(r.read()) == {"version": importlib.metadata.version("pdserve")}
+    with urllib.request.urlopen(root + "/metrics", timeout=30) as r:
+        assert r.headers["Content-Type"].startswith("text/plain")
+        text = r.read().decode()
+    counts = [line for line in text.splitlines() if line.startswith("pdserve:e2e_request_latency_seconds_count")]
+    assert counts and float(counts[0].split()[-1]) >= 1, text[:500]
 
 
 def test_completion_equals_grpc_and_reports_usage(http, client):
