@@ -170,6 +170,8 @@ class Generation:
         """
         self.check_model(req.model)
         params = sampling_from_request(req.sampling)
+        if req.priority:
+            params = dataclasses.replace(params, priority=req.priority)
         try:
             params.validate(self.model.vocab_size)
         except ValidationError as e:

@@ -364,6 +364,16 @@ def model_name(body: dict) -> str:
     return model
 
 
+def priority(body: dict) -> int:
+    """vLLM's request priority (lower first; default 0)."""
+    value = body.get("priority", 0)
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or not -(2**31) <= value < 2**31:
+        raise bad("priority", f"must be a 32-bit integer, got {value!r:.40}")
+    return value
+
+
 def completion_requests(body: dict) -> list[gateway_pb2.GenerateRequest]:
     """One GenerateRequest per prompt of a /v1/completions body: a string, a list of token ids,
     or a list of either (a batch)."""
@@ -374,7 +384,7 @@ def completion_requests(body: dict) -> list[gateway_pb2.GenerateRequest]:
     params, model = sampling(body, chat=False), model_name(body)
     reqs = []
     for i, p in enumerate(prompt if batch else [prompt]):
-        req = gateway_pb2.GenerateRequest(model=model, sampling=params)
+        req = gateway_pb2.GenerateRequest(model=model, sampling=params, priority=priority(body))
         if isinstance(p, str):
             req.text = p
         elif isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
@@ -390,7 +400,7 @@ def chat_request(body: dict, tool_parser: str | None = None) -> gateway_pb2.Gene
     """A GenerateRequest from a /v1/chat/completions body. Its tools go to the chat template; a
     tool_choice of a named function or "required" constrains the output (so not with another
     structured output); `tool_choice` reads what it asks of the answer."""
-    req = gateway_pb2.GenerateRequest(model=model_name(body), sampling=sampling(body, chat=True))
+    req = gateway_pb2.GenerateRequest(model=model_name(body), sampling=sampling(body, chat=True), priority=priority(body))
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad("messages", "must be a non-empty list of messages")

@@ -15,10 +15,10 @@ Message = tuple[str, str]
 
 def build_request(
     text: str | None = None, messages: Sequence[Message] | None = None,
-    token_ids: Sequence[int] | None = None, model: str = "", **sampling: Any,
+    token_ids: Sequence[int] | None = None, model: str = "", priority: int = 0, **sampling: Any,
 ) -> gateway_pb2.GenerateRequest:
     """A GenerateRequest from one kind of prompt and sampling keywords (temperature=..., stop=[...])."""
-    req = gateway_pb2.GenerateRequest(model=model, sampling=gateway_pb2.SamplingParams(**sampling))
+    req = gateway_pb2.GenerateRequest(model=model, sampling=gateway_pb2.SamplingParams(**sampling), priority=priority)
     if text is not None:
         req.text = text
     elif messages is not None:

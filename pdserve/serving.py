@@ -44,6 +44,7 @@ def sampling_to_wire(p: SamplingParams) -> worker_pb2.WorkerSampling:
         frequency_penalty=p.frequency_penalty,
         min_p=p.min_p,
         logit_bias=dict(p.logit_bias),
+        priority=p.priority,
     )
     if p.repetition_penalty != 1.0:
         w.repetition_penalty = p.repetition_penalty
@@ -93,6 +94,7 @@ def sampling_from_wire(w: worker_pb2.WorkerSampling, vocab_size: int | None = No
         logit_bias=tuple(sorted(w.logit_bias.items())),
         prompt_logprobs=w.prompt_logprobs if w.HasField("prompt_logprobs") else None,
         guide=_guide_from_wire(w),
+        priority=w.priority,
     )
     p.validate(vocab_size)
     return p

@@ -56,6 +56,7 @@ class Sequence:
     status: SeqStatus = SeqStatus.WAITING
     finish: Finish | None = None
     arrival: int = 0
+    order: tuple[int, int] = (0, 0)  # (priority, arrival): the scheduler serves the smallest first
     prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)
     guide: TokenGuide | None = None
 

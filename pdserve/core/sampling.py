@@ -85,6 +85,9 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     # None: free text; else the output follows it (structured output)
     guide: Guide | None = None
+    # Scheduling, not sampling (it travels with the request's parameters): a worker serves the
+    # lowest first and preempts the highest first; ties first come, first served (vLLM's priority)
+    priority: int = 0
 
     @property
     def greedy(self) -> bool:
@@ -109,6 +112,8 @@ class SamplingParams:
             raise ValidationError(
                 "min_tokens", f"must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}"
             )
+        if not -(2**31) <= self.priority < 2**31:
+            raise ValidationError("priority", f"must be a 32-bit integer, got {self.priority}")
         if self.seed is not None and not 0 <= self.seed < 2**63:
             raise ValidationError("seed", f"must be in [0, 2^63), got {self.seed}")
         if any(s == "" for s in self.stop):

@@ -3,7 +3,9 @@
 Each step: every running sequence decodes one token (plus n-gram drafts to verify with
 --speculative-config, core/spec_schedule.py; growing its blocks, preempting the newest
 sequence by recompute when blocks run out), then waiting sequences are prefilled first come,
-first served, in chunks that fit the token budget. Prefix-cached blocks are reused.
+first served, in chunks that fit the token budget. Prefix-cached blocks are reused. A request's
+priority (params.priority, lower first) comes before its arrival in both orders: the waiting
+queue's and the running sequences' (whose last is the one preempted).
 
 Overlap: while one step runs, `schedule_next` may plan the next one, every running sequence
 one token further with that token a placeholder the runner fills on the device. Up to two
@@ -93,6 +95,7 @@ class Scheduler:
             raise ValueError(f"duplicate request id {seq.request_id}")
         self._arrivals += 1
         seq.arrival = self._arrivals
+        seq.order = (seq.params.priority, seq.arrival)
         if seq.guide is not None:
             self._guided += 1
         self._by_id[seq.request_id] = seq
@@ -103,7 +106,7 @@ class Scheduler:
         if seq.status is SeqStatus.RUNNING:
             self._append_running(seq)
         else:
-            self.waiting.append(seq)
+            self._enqueue(seq)
 
     def abort(self, request_id: str) -> bool:
         """Drop a request; its blocks are freed now, or at the end of the step that uses them."""
@@ -144,7 +147,7 @@ class Scheduler:
         block_size = self.blocks.block_size
         # Oldest first, so the preemption victim (the newest) is never one already scheduled.
         if not self._running_sorted:
-            self.running.sort(key=lambda s: s.arrival)
+            self.running.sort(key=lambda s: s.order)
             self._running_sorted = True
         running_status = SeqStatus.RUNNING
         append = slices.append
@@ -330,7 +333,7 @@ class Scheduler:
             self._tables.pop(seq.request_id, None)  # the cached tuple assumes tables only grow
 
     def _append_running(self, seq: Sequence) -> None:
-        if self.running and self.running[-1].arrival > seq.arrival:
+        if self.running and self.running[-1].order > seq.order:
             self._running_sorted = False
         self.running.append(seq)
 
@@ -357,10 +360,11 @@ class Scheduler:
         return True
 
     def _grow(self, seq: Sequence, num_tokens: int) -> bool:
-        """Blocks for a running sequence, preempting the newest others; False if seq itself went."""
+        """Blocks for a running sequence, preempting the last others in order (lowest priority,
+        newest); False if seq itself went."""
         while not self._take_blocks(seq, num_tokens):
             victim = max(
-                (s for s in self.running if s.status is SeqStatus.RUNNING), key=lambda s: s.arrival
+                (s for s in self.running if s.status is SeqStatus.RUNNING), key=lambda s: s.order
             )
             self._preempt(victim)
             if victim is seq:
@@ -371,12 +375,19 @@ class Scheduler:
         self._release(seq)
         seq.status = SeqStatus.WAITING
         self.running.remove(seq)
-        # Only the head of the queue may hold blocks (a partial chunk, prefix hits): were a
-        # holder left behind the victim, the victim could wait forever for the holder's blocks.
-        if self.waiting and self.waiting[0].block_table:
-            self._release(self.waiting[0])
-        self.waiting.appendleft(seq)
+        self._enqueue(seq)
         self.preemptions += 1
+
+    def _enqueue(self, seq: Sequence) -> None:
+        """Into the waiting queue in order (a new request of equal priority goes last, in O(1)).
+        Only the head may hold blocks (a partial chunk, prefix hits): a head put behind another
+        gives its blocks back, or the new head could wait forever for them."""
+        waiting, at = self.waiting, len(self.waiting)
+        while at and waiting[at - 1].order > seq.order:
+            at -= 1
+        if at == 0 and waiting and waiting[0].block_table:
+            self._release(waiting[0])
+        waiting.insert(at, seq)
 
     def _release(self, seq: Sequence) -> None:
         """Free seq's blocks and forget its progress: it recomputes from scratch."""

@@ -304,3 +304,64 @@ def test_prompt_logprobs_gathered_over_chunks_arrive_with_the_first_token():
         sched.update(step, _prompt_entries(step, runner.execute(step)))
     assert sched.prefix_hit_tokens == 8  # "plain" reused two cached blocks
     leak_check(sched)
+
+
+def _prio(rid: str, n: int, max_tokens: int, priority: int, seed: int = 0) -> Sequence:
+    s = seq(rid, n, max_tokens, seed)
+    s.params = SamplingParams(temperature=0, max_tokens=max_tokens, priority=priority)
+    return s
+
+
+def test_priority_orders_the_waiting_queue():
+    """Lower priority values are prefilled first; ties first come, first served; the tokens are
+    each request's own."""
+    sched, runner = make(num_blocks=256, max_num_seqs=1, max_num_batched_tokens=64)
+    order = [("a", 0), ("b", 5), ("c", -1), ("d", 5), ("e", 0)]
+    for i, (rid, p) in enumerate(order):
+        sched.add(_prio(rid, 5, 3, p, seed=i))
+    started = []
+    outs: dict[str, list[int]] = {}
+    while sched.has_work:
+        step = sched.schedule()
+        started += [sl.request_id for sl in step.seqs if sl.request_id not in started]
+        for ev in sched.update(step, runner.execute(step)):
+            outs.setdefault(ev.request_id, []).append(ev.token)
+    assert started == ["c", "a", "e", "b", "d"]
+    assert all(outs[rid] == alone(5, 3, i) for i, (rid, _) in enumerate(order))
+    leak_check(sched)
+
+
+def test_preemption_takes_the_lowest_priority_first():
+    """Out of blocks, the running sequence of the highest priority value goes (not the newest),
+    and every sequence still gets its own tokens."""
+    sched, runner = make(num_blocks=10, block_size=4, max_num_batched_tokens=256)
+    sched.add(_prio("low", 6, 12, 3, seed=0))
+    sched.add(_prio("high", 6, 12, -2, seed=1))
+    sched.add(_prio("mid", 6, 12, 0, seed=2))
+    victims = []
+    outs: dict[str, list[int]] = {}
+    while sched.has_work:
+        before = {s.request_id for s in sched.running}
+        step = sched.schedule()
+        victims += sorted(before - {s.request_id for s in sched.running})
+        for ev in sched.update(step, runner.execute(step)):
+            outs.setdefault(ev.request_id, []).append(ev.token)
+    assert sched.preemptions > 0 and victims and victims[0] == "low" and "high" not in victims
+    assert all(outs[rid] == alone(6, 12, i) for i, rid in enumerate(("low", "high", "mid")))
+    leak_check(sched)
+
+
+def test_an_urgent_request_displaces_a_partial_chunk_without_deadlock():
+    """A request of lower priority value arriving while the head of the queue holds blocks of a
+    partial chunk goes ahead of it; the displaced head gives its blocks back (only the head may
+    hold any), so a pool too small for both still serves both."""
+    sched, runner = make(num_blocks=8, block_size=4, max_num_batched_tokens=8)
+    sched.add(_prio("big", 24, 2, 0, seed=1))
+    step = sched.schedule()  # the first 8-token chunk of big: 2 of the 8 blocks
+    sched.update(step, runner.execute(step))
+    assert sched.waiting[0].request_id == "big" and sched.waiting[0].block_table
+    sched.add(_prio("urgent", 20, 6, -1, seed=2))
+    assert [s.request_id for s in sched.waiting] == ["urgent", "big"] and not sched.waiting[1].block_table
+    outs = run_all(sched, runner, max_steps=500)
+    assert outs["urgent"] == alone(20, 6, 2) and outs["big"] == alone(24, 2, 1)
+    leak_check(sched)

@@ -492,3 +492,14 @@ def test_a_whitespace_pattern_needs_json_output(body, param):
     with pytest.raises(GatewayError) as err:
         sampling(body, chat=True)
     assert err.value.field == param, str(err.value)
+
+
+def test_priority_reaches_every_request():
+    """vLLM's priority: on each prompt's request (completions) and on chat; 0 when absent."""
+    assert [r.priority for r in completion_requests({"prompt": ["a", "b"], "priority": -4})] == [-4, -4]
+    assert chat_request({"messages": [{"role": "user", "content": "hi"}], "priority": 9}).priority == 9
+    assert completion_requests({"prompt": "a"})[0].priority == 0
+    for value in ("1", 1.5, True, 2**31):
+        with pytest.raises(GatewayError) as err:
+            completion_requests({"prompt": "a", "priority": value})
+        assert err.value.field == "priority"
