@@ -41,6 +41,10 @@ def parser() -> argparse.ArgumentParser:
                         "ChatML that shows tools and tool calls in the Hermes format)")
     p.add_argument("--tool-call-parser", choices=PARSERS, default=None,
                    help="read tool calls out of the text, enabling tool_choice \"auto\" on the OpenAI face")
+    p.add_argument("--generation-config", default="auto", metavar="auto|vllm|FOLDER",
+                   help="sampling defaults for requests that leave them unset (vLLM's): auto, the model's "
+                        "generation_config.json (temperature, top_p, top_k, min_p, repetition_penalty, "
+                        "max_new_tokens); vllm, the built-in ones; or a folder's generation_config.json")
     p.add_argument("--reasoning-parser", choices=REASONING_PARSERS, default=None,
                    help="answer a thinking model's <think>...</think> as `reasoning` apart from the content "
                         "(OpenAI face, chat)")
@@ -50,6 +54,7 @@ def parser() -> argparse.ArgumentParser:
 
 def build(args: argparse.Namespace):
     """The Generation path and Router from the flags (model folder, tokenizer, worker lists)."""
+    from gateway import sampling_defaults
     from gateway.admission import Admission
     from gateway.generation import Generation, ModelInfo
     from gateway.router import Router
@@ -59,8 +64,12 @@ def build(args: argparse.Namespace):
 
     model_dir = resolve_model(args.model, require_weights=False)  # config + tokenizer only
     spec = ModelSpec.from_dir(model_dir)
+    try:
+        defaults = sampling_defaults.load(args.generation_config, model_dir)
+    except ValueError as e:
+        raise SystemExit(f"pdserve gateway: --generation-config {args.generation_config}: {e}")
     info = ModelInfo(args.served_model_name or model_dir.name, args.max_model_len, spec.vocab_size,
-                     spec.eos_token_ids)
+                     spec.eos_token_ids, tuple(defaults.items()))
     split = lambda s: [a for a in s.split(",") if a]  # noqa: E731
     try:
         router = Router(split(args.prefill), split(args.decode), split(args.colocated))

@@ -10,8 +10,9 @@ import asyncio
 import contextlib
 import dataclasses
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -43,6 +44,9 @@ class ModelInfo:
     max_model_len: int
     vocab_size: int
     eos_ids: tuple[int, ...]
+    # (field, value) of SamplingParams for requests that leave the field unset (the model's
+    # generation_config.json: gateway.sampling_defaults)
+    sampling_defaults: tuple[tuple[str, Any], ...] = ()
 
 
 class BadRequest:
@@ -52,12 +56,16 @@ class BadRequest:
         self.reason = reason
 
 
-def sampling_from_request(s: gateway_pb2.SamplingParams) -> SamplingParams:
-    """SamplingParams from the wire message; unset optional fields take their defaults."""
-    opt = lambda name, default: getattr(s, name) if s.HasField(name) else default  # noqa: E731
+def sampling_from_request(s: gateway_pb2.SamplingParams, defaults: Mapping[str, Any] | None = None) -> SamplingParams:
+    """SamplingParams from the wire message; unset optional fields take `defaults` (the model's),
+    else the built-in ones; an unset max_tokens is 16, or the model's default if that is less
+    (as vLLM's completions)."""
+    given = defaults or {}
+    opt = lambda name, default: getattr(s, name) if s.HasField(name) else given.get(name, default)  # noqa: E731
     return SamplingParams(
         temperature=opt("temperature", 1.0), top_p=opt("top_p", 1.0), top_k=opt("top_k", -1),
-        seed=opt("seed", None), max_tokens=opt("max_tokens", 16), min_tokens=opt("min_tokens", 0),
+        seed=opt("seed", None), max_tokens=s.max_tokens if s.HasField("max_tokens") else min(16, given.get("max_tokens", 16)),
+        min_tokens=opt("min_tokens", 0),
         stop=tuple(s.stop), stop_token_ids=tuple(s.stop_token_ids), ignore_eos=opt("ignore_eos", False),
         logprobs=opt("logprobs", None), presence_penalty=opt("presence_penalty", 0.0),
         frequency_penalty=opt("frequency_penalty", 0.0), repetition_penalty=opt("repetition_penalty", 1.0),
@@ -138,6 +146,7 @@ class Generation:
         self.model = model
         self.guides = guides  # compiles structured output's guides (None: the model has no tokenizer.json)
         self.tokenizer = tokenizer
+        self.defaults = dict(model.sampling_defaults)  # the model's sampling defaults (gateway.sampling_defaults)
         self.router = router
         self.admission = admission or Admission()
         self.byte_table = ByteTable.build(tokenizer)  # once: per-token detokenization by table lookup
@@ -166,10 +175,11 @@ class Generation:
     def prepare(self, req: gateway_pb2.GenerateRequest, fill_max_tokens: bool = False) -> tuple[list[int], SamplingParams]:
         """Prompt ids and sampling params, or ValidationError naming the field.
 
-        fill_max_tokens: an unset max_tokens means the rest of the context (OpenAI chat), not 16.
+        fill_max_tokens: an unset max_tokens means the rest of the context (OpenAI chat), not 16
+        (at most the model's default max_tokens, where it has one).
         """
         self.check_model(req.model)
-        params = sampling_from_request(req.sampling)
+        params = sampling_from_request(req.sampling, self.defaults)
         if req.priority:
             params = dataclasses.replace(params, priority=req.priority)
         try:
@@ -187,7 +197,8 @@ class Generation:
             else:
                 raise ValidationError("input", "set one of text, chat or token_ids")
             if fill_max_tokens and not req.sampling.HasField("max_tokens"):
-                params = dataclasses.replace(params, max_tokens=max(1, self.model.max_model_len - len(ids)))
+                rest = max(1, self.model.max_model_len - len(ids))
+                params = dataclasses.replace(params, max_tokens=min(rest, self.defaults.get("max_tokens", rest)))
             validate_prompt(ids, params.max_tokens, self.model.vocab_size, self.model.max_model_len)
         except ValidationError as e:
             raise ValidationError(_public_field(kind, e.field), str(e).split(": ", 1)[-1]) from None

@@ -25,6 +25,8 @@ def _up(argv: list[str]) -> None:
     p.add_argument("--chat-template", default=None, metavar="FILE", help="the gateway's chat template instead of the model's")
     p.add_argument("--tool-call-parser", default=None, help="the gateway's tool-call parser (hermes, llama3_json): tool_choice \"auto\"")
     p.add_argument("--reasoning-parser", default=None, help="the gateway's reasoning parser (deepseek_r1, qwen3)")
+    p.add_argument("--generation-config", default=None, help="the gateway's sampling defaults: auto (the model's), "
+                                                             "vllm or a folder")
     args, worker_args = p.parse_known_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the services too, like Ctrl-C
     from pdserve.launch import Stack
@@ -35,7 +37,8 @@ def _up(argv: list[str]) -> None:
     decode_args = ["--speculative-config", args.speculative_config] if args.speculative_config else []
     gateway_args = ["--num-procs", args.gateway_procs]
     for flag, value in (("--http-port", args.http_port), ("--chat-template", args.chat_template),
-                        ("--tool-call-parser", args.tool_call_parser), ("--reasoning-parser", args.reasoning_parser)):
+                        ("--tool-call-parser", args.tool_call_parser), ("--reasoning-parser", args.reasoning_parser),
+                        ("--generation-config", args.generation_config)):
         gateway_args += [flag, str(value)] if value is not None else []
     stack = Stack(model=str(model), worker_args=worker_args, echo=not args.quiet, colocated=args.colocated,
                   decode_args=decode_args, gateway_args=gateway_args)
