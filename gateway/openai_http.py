@@ -23,7 +23,7 @@ from aiohttp import web
 from opentelemetry import propagate
 
 from gateway import openai_schema as schema
-from gateway import chat_answer, tokenize_api, tools
+from gateway import chat_answer, responses_api, tokenize_api, tools
 from gateway import reasoning as think
 from gateway.deadline import Deadline
 from gateway.errors import GatewayError, invalid
@@ -101,7 +101,7 @@ class OpenAIServer:
                              web.get("/health", self.health), web.get("/ping", self.health), web.post("/ping", self.health),
                              web.get("/version", self.version), web.get("/metrics", self.prometheus),
                              web.post("/v1/completions", self.completions),
-                             web.post("/v1/chat/completions", self.chat),
+                             web.post("/v1/chat/completions", self.chat), web.post("/v1/responses", self.responses),
                              web.post("/tokenize", self.tokenize), web.post("/detokenize", self.detokenize)])
 
     async def start(self, host: str, port: int, reuse_port: bool = False) -> None:
@@ -206,6 +206,49 @@ class OpenAIServer:
             if stream:
                 return await reply.stream(request, firsts, streams, include_usage)
             return await reply.whole(firsts, streams)
+
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        """OpenAI's Responses API over the chat path (gateway.responses_api); nothing is stored."""
+        async with contextlib.AsyncExitStack() as closing:  # a gone client aborts the generation
+            body: dict = {}
+            chat: dict = {}
+            names = responses_api.Names()
+            try:
+                body = await _json_body(request)
+                chat, names = responses_api.to_chat(body)
+                req = schema.chat_request(chat, self.tool_parser)
+                choice = schema.tool_choice(chat, req, self.tool_parser)
+                reasoning_on = schema.include_reasoning(chat)
+                stream = body.get("stream") or False
+                if not isinstance(stream, bool):
+                    raise schema.bad("stream", "must be a boolean")
+                rid = uuid.uuid4().hex
+                gen = await closing.enter_async_context(contextlib.aclosing(observed(
+                    self.generation.stream(req, rid, Deadline(None), fill_max_tokens=True),
+                    req, self.generation.model.name, propagate.extract(request.headers), self.metrics)))
+                first = (await _firsts([gen], n=1, batch=False))[0]
+                reasoning = self._reasoning(req, reasoning_on)
+            except GatewayError as e:
+                return error_response(names.renamed(schema.as_sent(e, chat)))
+            builder = responses_api.Builder(responses_api.frame(rid, self.generation.model.name, body, chat))
+            deltas = chat_answer.ChatDeltas(reasoning, choice)
+            if not stream:
+                try:
+                    return web.json_response(await responses_api.answer(builder, deltas, _aiter(_merged([first], [gen])), None))
+                except GatewayError as e:
+                    return error_response(e)
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+            await resp.prepare(request)
+
+            async def write(event: dict) -> None:
+                await resp.write(f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode())
+            try:
+                await responses_api.answer(builder, deltas, _aiter(_merged([first], [gen])), write)
+            except GatewayError as e:
+                await write({"type": "error", "sequence_number": builder.seq, "code": e.code.name.lower(),
+                             "message": e.message, "param": schema.openai_param(e.field)})
+            await resp.write_eof()
+            return resp
 
     def _reasoning(self, req: gateway_pb2.GenerateRequest, include: bool) -> think.Reasoning | None:
         """How a chat answer's thinking is split off (None: no --reasoning-parser). Rendered
@@ -418,3 +461,11 @@ async def _chain(first: gateway_pb2.GenerateResponse,
     yield first
     async for item in rest:
         yield item
+
+
+async def _aiter(merged: AsyncIterator[tuple[int, gateway_pb2.GenerateResponse]]
+                 ) -> AsyncIterator[gateway_pb2.GenerateResponse]:
+    """The messages of one choice's merged stream."""
+    async with contextlib.aclosing(merged):
+        async for _, msg in merged:
+            yield msg

@@ -196,3 +196,67 @@ def test_template_options_shape_the_prompt(http, client):
         with pytest.raises(openai.BadRequestError) as err:
             client.chat.completions.create(model="", messages=begun, max_tokens=4, extra_body=extra)
         assert err.value.body["param"] == param, err.value.body
+
+
+# ---------------------------------------------------------------- the Responses API (same gateway)
+
+def test_responses_answer_as_chat_does(client):
+    """/v1/responses: the same answer, usage and finish as the chat with those messages; the
+    streamed events assemble to the whole response."""
+    chat = client.chat.completions.create(model="", messages=[{"role": "system", "content": "Be brief."}, *ASK],
+                                          max_tokens=8, temperature=0)
+    r = client.responses.create(model="", instructions="Be brief.", input=ASK[0]["content"], max_output_tokens=8,
+                                temperature=0)
+    assert r.object == "response" and r.id.startswith("resp_") and r.output_text == chat.choices[0].message.content
+    assert r.usage.input_tokens == chat.usage.prompt_tokens and r.usage.output_tokens == 8
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    parts = [{"role": "developer", "content": "Be brief."},
+             {"role": "user", "content": [{"type": "input_text", "text": ASK[0]["content"]}]}]
+    events = list(client.responses.create(model="", input=parts, max_output_tokens=8, temperature=0, stream=True))
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[0].type == "response.created" and events[-1].type == "response.incomplete"
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == r.output_text
+    assert events[-1].response.output_text == r.output_text and events[-1].response.usage.output_tokens == 8
+
+
+def test_responses_function_calls_and_their_outputs(client):
+    tools = [{"type": "function", "name": t["function"]["name"], "description": t["function"]["description"],
+              "parameters": t["function"]["parameters"]} for t in TOOLS]
+    r = client.responses.create(model="", input=ASK, tools=tools, tool_choice={"type": "function", "name": "get_weather"},
+                                max_output_tokens=60, temperature=0)
+    calls = [o for o in r.output if o.type == "function_call"]
+    assert len(calls) == 1 and calls[0].name == "get_weather" and set(json.loads(calls[0].arguments)) == {"city"}
+    streamed = list(client.responses.create(model="", input=ASK, tools=tools, max_output_tokens=60, temperature=0,
+                                            tool_choice={"type": "function", "name": "get_weather"}, stream=True))
+    assert "".join(e.delta for e in streamed if e.type == "response.function_call_arguments.delta") == calls[0].arguments
+    then = client.responses.create(model="", tools=tools, max_output_tokens=8, temperature=0, tool_choice="none", input=[
+        *ASK, {"type": "function_call", "call_id": calls[0].call_id, "name": "get_weather", "arguments": calls[0].arguments},
+        {"type": "function_call_output", "call_id": calls[0].call_id, "output": "18 C and sunny"}])
+    assert then.output_text and then.usage.input_tokens > r.usage.input_tokens
+
+
+def test_responses_reasoning_is_its_own_item(client):
+    r = client.responses.create(model="", input=ASK, max_output_tokens=60, temperature=0, extra_body=THINK)
+    kinds = [o.type for o in r.output]
+    assert kinds == ["reasoning", "message"] and r.status == "completed"
+    thought, _, _ = _thought(client, False, extra_body=THINK)
+    assert r.output[0].content[0].text == thought and 0 < r.usage.output_tokens_details.reasoning_tokens < r.usage.output_tokens
+    events = list(client.responses.create(model="", input=ASK, max_output_tokens=60, temperature=0, extra_body=THINK,
+                                          stream=True))
+    assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == thought
+    assert events[-1].type == "response.completed" and events[-1].response.output_text == r.output_text
+
+
+def test_responses_refusals_name_the_parameter(client):
+    for kw, param in (({"previous_response_id": "resp_1"}, "previous_response_id"),
+                      ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+                      ({"max_output_tokens": 0}, "max_output_tokens"),
+                      ({"input": [{"role": "robot", "content": "hi"}]}, "input[0].role"),
+                      ({"input": [{"role": "user", "content": "hi"}, {"role": "user", "content": 3}]}, "input[1].content"),
+                      ({"text": {"format": {"type": "yaml"}}}, "text.format.type"),
+                      ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "foo"}}}},
+                       "text.format.schema"),
+                      ({"tools": [{"type": "function", "name": "has space"}], "tool_choice": "required"}, "tools[0].name")):
+        with pytest.raises(openai.BadRequestError) as err:
+            client.responses.create(**{"model": "", "input": "hi", "max_output_tokens": 4, **kw})
+        assert err.value.body["param"] == param, err.value.body
