@@ -102,6 +102,7 @@ def _generate(argv: list[str]) -> None:
     p.add_argument("--presence-penalty", type=float, default=None)
     p.add_argument("--frequency-penalty", type=float, default=None)
     p.add_argument("--repetition-penalty", type=float, default=None)
+    p.add_argument("--priority", type=int, default=None, help="scheduling priority: lower runs first (default 0)")
     p.add_argument("--logprobs", type=int, default=None, metavar="N",
                    help="after the text, each token's id and logprob and its N most likely alternatives")
     p.add_argument("--prompt-logprobs", type=int, default=None, metavar="N",
@@ -116,7 +117,7 @@ def _generate(argv: list[str]) -> None:
     a = p.parse_args(argv)
     optional = dict(top_p=a.top_p, top_k=a.top_k, seed=a.seed, min_p=a.min_p, presence_penalty=a.presence_penalty,
                     frequency_penalty=a.frequency_penalty, repetition_penalty=a.repetition_penalty,
-                    logprobs=a.logprobs, prompt_logprobs=a.prompt_logprobs)
+                    logprobs=a.logprobs, prompt_logprobs=a.prompt_logprobs, priority=a.priority)
     kw = {k: v for k, v in optional.items() if v is not None}
     structured = _structured_output(a)
     if structured is not None:

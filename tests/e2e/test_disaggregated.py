@@ -252,3 +252,5 @@ def test_cli_generate_prints_logprobs_and_takes_penalties(stack, capsys):
     main(["generate", "--address", stack.gateway, "--max-tokens", "1", "--prompt-logprobs", "1", "The capital of France is"])
     rows = [line.split("\t") for line in capsys.readouterr().out.splitlines() if line.startswith("prompt\t")]
     assert len(rows) == 4 and all(len(r) == 4 and float(r[2]) <= 0 and ":" in r[3] for r in rows)  # 5 prompt tokens
+    main(["generate", "--address", stack.gateway, "--max-tokens", "2", "--priority", "-5", "hi"])
+    assert "[finish=length prompt_tokens=" in capsys.readouterr().out
