@@ -17,7 +17,7 @@ def parser() -> argparse.ArgumentParser:
     from gateway import procs
     from gateway.tools import PARSERS
     from pdserve.metrics import add_otlp_metrics_arg
-    from pdserve.worker import add_model_args
+    from pdserve.flags import add_model_args
 
     p = argparse.ArgumentParser(prog="pdserve gateway", description="pdserve gateway")
     add_model_args(p)
