@@ -36,7 +36,7 @@ def tokenize(body: dict, generation: Generation, words: schema.TokenText) -> dic
             prompt = body["prompt"]
             if not isinstance(prompt, str):
                 raise schema.bad("prompt", f"must be a string, got {type(prompt).__name__}")
-            ids = list(tok(prompt, add_special_tokens=_flag(body, "add_special_tokens", True))["input_ids"])
+            ids = tok.encode(prompt, add_special_tokens=_flag(body, "add_special_tokens", True))
         else:
             req = schema.chat_request({"messages": body["messages"], "tools": body.get("tools"), "tool_choice": "none"})
             ids = encode_prompt(tok, messages=req.chat.messages, tools=req.chat.tools,

@@ -7,20 +7,19 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
-
+from gateway.hf_tokenizer import Tokenizer
 from pdserve.core.sampling import ValidationError
 
 ALLOWED_ROLES = frozenset({"system", "user", "assistant", "tool"})
 
 
-def load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:
-    """Load the tokenizer (and its chat template) from a local model folder; never the hub."""
-    return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+def load_tokenizer(model_dir: str | Path) -> Tokenizer:
+    """Load the tokenizer (and its chat template) from a local model folder's tokenizer.json; never the hub."""
+    return Tokenizer.from_dir(model_dir)
 
 
 def encode_prompt(
-    tok: PreTrainedTokenizerBase,
+    tok: Tokenizer,
     *,
     text: str | None = None,
     messages: Iterable[Any] | None = None,
@@ -56,15 +55,15 @@ def encode_prompt(
     return _check_token_ids(token_ids)
 
 
-def _encode_text(tok: PreTrainedTokenizerBase, text: str) -> list[int]:
+def _encode_text(tok: Tokenizer, text: str) -> list[int]:
     if not isinstance(text, str):
         raise ValidationError("prompt", f"must be a string, got {type(text).__name__}")
     if text == "":
         raise ValidationError("prompt", "the prompt is empty")
-    return list(tok(text, add_special_tokens=True)["input_ids"])
+    return tok.encode(text, add_special_tokens=True)
 
 
-def _encode_messages(tok: PreTrainedTokenizerBase, messages: Iterable[Any], tools: Iterable[Any] = (),
+def _encode_messages(tok: Tokenizer, messages: Iterable[Any], tools: Iterable[Any] = (),
                      add_generation_prompt: bool = True) -> list[int]:
     if not _is_list_like(messages):
         raise ValidationError("messages", "must be a list of (role, content) messages")
@@ -76,13 +75,11 @@ def _encode_messages(tok: PreTrainedTokenizerBase, messages: Iterable[Any], tool
     conversation = [_message(i, m) for i, m in enumerate(items)]
     functions = [_tool(i, t) for i, t in enumerate(tools)]
     try:
-        rendered = tok.apply_chat_template(conversation, tools=functions or None,
-                                           add_generation_prompt=add_generation_prompt, tokenize=False)
+        rendered = tok.render_chat(conversation, tools=functions or None, add_generation_prompt=add_generation_prompt)
     except Exception as e:  # jinja TemplateError or a template's raise_exception()
         raise ValidationError("messages", f"the chat template rejected the messages: {e}") from e
-    assert isinstance(rendered, str)
     # The rendered template already holds BOS/role markers; adding them again would double them.
-    return list(tok(rendered, add_special_tokens=False)["input_ids"])
+    return tok.encode(rendered, add_special_tokens=False)
 
 
 def _message(i: int, message: Any) -> dict[str, Any]:
