@@ -307,7 +307,7 @@ def text_lookup_prompts(model_dir: str, n: int) -> list[list[int]]:
     from spec_decode import PROMPTS
 
     tok = load_tokenizer(Path(model_dir))
-    texts = [tok(t)["input_ids"] for t in PROMPTS]
+    texts = [tok.encode(t) for t in PROMPTS]
     return [texts[i % len(texts)] for i in range(n)]
 
 

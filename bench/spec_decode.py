@@ -69,7 +69,7 @@ def tokenize(model_dir: Path, texts: list[str], vocab: int) -> list[list[int]]:
         from gateway.tokenizer import load_tokenizer
 
         tok = load_tokenizer(model_dir)
-        return [tok(t)["input_ids"] for t in texts]
+        return [tok.encode(t) for t in texts]
     except Exception:  # noqa: BLE001 - dummy folders have no tokenizer files
         base = [(i * 7919) % (vocab - 1) + 1 for i in range(64)]
         return [base * 2 + base[: 8 * (i + 1)] for i in range(len(texts))]

@@ -8,6 +8,10 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gateway.hf_tokenizer import Tokenizer
 
 log = logging.getLogger("gateway")
 SERVICE = "pdserve-gateway"
@@ -18,7 +22,7 @@ def parser() -> argparse.ArgumentParser:
     from gateway.reasoning import PARSERS as REASONING_PARSERS
     from gateway.tools import PARSERS
     from pdserve.metrics import add_otlp_metrics_arg
-    from pdserve.worker import add_model_args
+    from pdserve.flags import add_model_args
 
     p = argparse.ArgumentParser(prog="pdserve gateway", description="pdserve gateway")
     add_model_args(p)
@@ -81,7 +85,7 @@ def build(args: argparse.Namespace):
                       guides), router
 
 
-def tokenizer(model_dir: Path, chat_template: str | None):
+def tokenizer(model_dir: Path, chat_template: str | None) -> Tokenizer:
     """The model's tokenizer, with the --chat-template file's template instead of its own if given."""
     from gateway.tokenizer import load_tokenizer
 
@@ -120,8 +124,8 @@ async def amain(args: argparse.Namespace) -> None:
     async def on_start() -> None:
         if args.http_port is not None:
             await http.start(args.host, args.http_port, reuse_port=shared)
-        # Everything built so far (transformers, the tokenizer, torch: ~300k objects) lives until
-        # exit; frozen, full collections stop walking it (a py-spy profile at 500 streams had the
+        # Everything built so far (grpc, the tokenizer, llguidance, numpy) lives until exit;
+        # frozen, full collections stop walking it (a py-spy profile at 500 streams had the
         # collector at ~11% of the gateway's samples before, ~7% after).
         gc.collect()
         gc.freeze()

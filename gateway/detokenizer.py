@@ -6,9 +6,8 @@ drop or add a leading space depending on what comes before. So, like vLLM and TG
 two offsets into the token list: text is decoded over a short window that starts at
 `prefix_offset` (tokens whose text was already emitted, giving context) and the delta is
 what decoding `tokens[prefix_offset:]` adds beyond decoding `tokens[prefix_offset:read_offset]`.
-Each step costs O(window), never O(sequence length). With a fast (Rust-backed) tokenizer the
-window is decoded by the Rust tokenizer directly, skipping transformers' Python wrapper (the same
-text: transformers' fast `decode` calls it and, with cleanup off, returns its result unchanged).
+Each step costs O(window), never O(sequence length). The window is decoded by the Rust tokenizer
+directly (Tokenizer.decode with cleanup of tokenization spaces off, which would rewrite text already sent).
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from __future__ import annotations
 import codecs
 from collections.abc import Iterable
 
-from transformers import PreTrainedTokenizerBase
+from gateway.hf_tokenizer import Tokenizer
 
 # How many prompt tokens give the first generated token its context (vLLM uses 5 too).
 _PROMPT_CONTEXT_TOKENS = 5
@@ -38,15 +37,13 @@ class IncrementalDetokenizer:
 
     def __init__(
         self,
-        tokenizer: PreTrainedTokenizerBase,
+        tokenizer: Tokenizer,
         prompt_ids: Iterable[int] = (),
         *,
         skip_special_tokens: bool = True,
     ) -> None:
-        self._tok = tokenizer
+        self._backend_decode = tokenizer.backend.decode
         self._skip_special = skip_special_tokens
-        backend = getattr(tokenizer, "backend_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
-        self._backend_decode = backend.decode if backend is not None else None
         # Only the tail of the prompt is ever decoded again, so keep only the tail.
         self._ids: list[int] = list(prompt_ids)[-_PROMPT_CONTEXT_TOKENS:]
         self._prefix_offset = 0
@@ -72,13 +69,9 @@ class IncrementalDetokenizer:
         return self._step(force=True)
 
     def _decode(self, ids: list[int]) -> str:
-        if self._backend_decode is not None:
-            return self._backend_decode(ids, skip_special_tokens=self._skip_special)
         # Cleanup of tokenization spaces rewrites text around punctuation after the fact,
-        # which would change text already sent; it must stay off for streaming.
-        return self._tok.decode(
-            ids, skip_special_tokens=self._skip_special, clean_up_tokenization_spaces=False
-        )
+        # which would change text already sent; it stays off for streaming (the Rust decode is without it).
+        return self._backend_decode(ids, skip_special_tokens=self._skip_special)
 
     def _step(self, *, force: bool) -> str:
         prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
@@ -112,19 +105,17 @@ class ByteTable:
         self.special = special
 
     @staticmethod
-    def build(tokenizer: PreTrainedTokenizerBase) -> "ByteTable | None":
-        backend = getattr(tokenizer, "backend_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
-        if backend is None or type(backend.decoder).__name__ != "ByteLevel":
+    def build(tokenizer: Tokenizer) -> "ByteTable | None":
+        if type(tokenizer.backend.decoder).__name__ != "ByteLevel":
             return None
         byte_of = {c: b for b, c in _byte_level_chars().items()}
         pieces = []
-        for token in tokenizer.convert_ids_to_tokens(list(range(len(tokenizer)))):
-            token = token or ""
+        for token_id in range(len(tokenizer)):
+            token = tokenizer.id_to_token(token_id) or ""
             # As the Rust ByteLevel decoder: mapped byte-wise when every char maps, else its own UTF-8.
             mapped = [byte_of.get(c) for c in token]
             pieces.append(token.encode() if None in mapped else bytes(mapped))  # type: ignore[arg-type]
-        special = frozenset(i for i, t in tokenizer.added_tokens_decoder.items() if t.special)
-        return ByteTable(pieces, special)
+        return ByteTable(pieces, tokenizer.added_special_ids)
 
 
 class ByteLevelDetokenizer:
@@ -168,7 +159,7 @@ def _byte_level_chars() -> dict[int, str]:
     return {**{b: chr(b) for b in kept}, **{b: chr(256 + i) for i, b in enumerate(moved)}}
 
 
-def make_detokenizer(tokenizer: PreTrainedTokenizerBase, prompt_ids: Iterable[int],
+def make_detokenizer(tokenizer: Tokenizer, prompt_ids: Iterable[int],
                      table: ByteTable | None) -> IncrementalDetokenizer | ByteLevelDetokenizer:
     """The byte-wise detokenizer when the tokenizer has a ByteTable, else the windowed one."""
     return ByteLevelDetokenizer(table) if table is not None else IncrementalDetokenizer(tokenizer, prompt_ids)

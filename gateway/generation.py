@@ -21,6 +21,7 @@ from gateway.admission import Admission
 from gateway.deadline import Deadline
 from gateway.detokenizer import ByteTable, make_detokenizer
 from gateway.errors import GatewayError, invalid
+from gateway.hf_tokenizer import Tokenizer
 from gateway.router import NoWorker, Router
 from gateway.stops import StopChecker
 from gateway.tokenizer import encode_prompt, encode_rendered, render_chat, template_variables
@@ -93,7 +94,8 @@ def _guide(so: gateway_pb2.StructuredOutput) -> Guide | None:
 class TextAssembler:
     """Token batches in, Chunk messages out: incremental text, stop strings, counts, finish."""
 
-    def __init__(self, tokenizer, prompt: list[int], params: SamplingParams, table: ByteTable | None = None) -> None:
+    def __init__(self, tokenizer: Tokenizer, prompt: list[int], params: SamplingParams,
+                 table: ByteTable | None = None) -> None:
         self.detok = make_detokenizer(tokenizer, prompt, table)
         self.prompt = prompt if params.prompt_logprobs is not None else None  # sent once, first chunk
         self.stops = StopChecker(params.stop)
@@ -141,7 +143,7 @@ class TextAssembler:
 class Generation:
     """Validation, admission, flow and detokenization of one request; GatewayError on failure."""
 
-    def __init__(self, model: ModelInfo, tokenizer, router: Router, admission: Admission | None = None,
+    def __init__(self, model: ModelInfo, tokenizer: Tokenizer, router: Router, admission: Admission | None = None,
                  guides: GuideCompiler | None = None) -> None:
         self.model = model
         self.guides = guides  # compiles structured output's guides (None: the model has no tokenizer.json)

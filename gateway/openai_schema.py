@@ -32,6 +32,7 @@ import grpc
 
 from gateway import chat_answer, tools
 from gateway.detokenizer import ByteTable
+from gateway.hf_tokenizer import Tokenizer
 from gateway.errors import GatewayError, bad
 from gateway.generation import sampling_from_request
 from gateway.reasoning import Reasoning
@@ -559,7 +560,7 @@ class TokenText:
     of a character) is written as OpenAI writes such tokens (vLLM too): "bytes:" and each of its bytes
     escaped, e.g. "bytes:\\x20\\xe5\\x88" (never U+FFFD: tokens of different bytes stay apart)."""
 
-    def __init__(self, tokenizer, table: ByteTable | None) -> None:
+    def __init__(self, tokenizer: Tokenizer, table: ByteTable | None) -> None:
         if table is not None:
             self.piece: Callable[[int], bytes] = table.pieces.__getitem__
             self.special = table.special

@@ -39,7 +39,7 @@ def tokenize(body: dict, generation: Generation, words: schema.TokenText) -> dic
             prompt = body["prompt"]
             if not isinstance(prompt, str):
                 raise schema.bad("prompt", f"must be a string, got {type(prompt).__name__}")
-            ids = list(tok(prompt, add_special_tokens=_flag(body, "add_special_tokens", True))["input_ids"])
+            ids = tok.encode(prompt, add_special_tokens=_flag(body, "add_special_tokens", True))
         else:
             chat = {k: body[k] for k in CHAT_OPTIONS if k in body}
             ids = generation.encode_chat(schema.chat_request({**chat, "tool_choice": "none"}).chat)

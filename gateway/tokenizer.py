@@ -7,8 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
-
+from gateway.hf_tokenizer import Tokenizer
 from pdserve.core.sampling import ValidationError
 
 ALLOWED_ROLES = frozenset({"system", "user", "assistant", "tool"})
@@ -16,13 +15,13 @@ ALLOWED_ROLES = frozenset({"system", "user", "assistant", "tool"})
 RESERVED_TEMPLATE_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "continue_final_message"})
 
 
-def load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:
-    """Load the tokenizer (and its chat template) from a local model folder; never the hub."""
-    return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+def load_tokenizer(model_dir: str | Path) -> Tokenizer:
+    """Load the tokenizer (and its chat template) from a local model folder's tokenizer.json; never the hub."""
+    return Tokenizer.from_dir(model_dir)
 
 
 def encode_prompt(
-    tok: PreTrainedTokenizerBase,
+    tok: Tokenizer,
     *,
     text: str | None = None,
     messages: Iterable[Any] | None = None,
@@ -65,12 +64,12 @@ def encode_prompt(
     return _check_token_ids(token_ids)
 
 
-def _encode_text(tok: PreTrainedTokenizerBase, text: str) -> list[int]:
+def _encode_text(tok: Tokenizer, text: str) -> list[int]:
     if not isinstance(text, str):
         raise ValidationError("prompt", f"must be a string, got {type(text).__name__}")
     if text == "":
         raise ValidationError("prompt", "the prompt is empty")
-    return list(tok(text, add_special_tokens=True)["input_ids"])
+    return tok.encode(text, add_special_tokens=True)
 
 
 def template_variables(text: str) -> dict[str, Any]:
@@ -85,12 +84,12 @@ def template_variables(text: str) -> dict[str, Any]:
     return variables
 
 
-def encode_rendered(tok: PreTrainedTokenizerBase, rendered: str) -> list[int]:
+def encode_rendered(tok: Tokenizer, rendered: str) -> list[int]:
     """A rendered chat's token ids: it already holds BOS and role markers, so none are added."""
-    return list(tok(rendered, add_special_tokens=False)["input_ids"])
+    return tok.encode(rendered, add_special_tokens=False)
 
 
-def render_chat(tok: PreTrainedTokenizerBase, messages: Iterable[Any], tools: Iterable[Any] = (), *,
+def render_chat(tok: Tokenizer, messages: Iterable[Any], tools: Iterable[Any] = (), *,
                 add_generation_prompt: bool = True, continue_final_message: bool = False,
                 template_kwargs: Mapping[str, Any] | None = None) -> str:
     """The chat template's text for messages (see encode_prompt), or ValidationError naming the field."""
@@ -107,12 +106,10 @@ def render_chat(tok: PreTrainedTokenizerBase, messages: Iterable[Any], tools: It
     conversation = [_message(i, m) for i, m in enumerate(items)]
     functions = [_tool(i, t) for i, t in enumerate(tools)]
     try:
-        rendered = tok.apply_chat_template(conversation, tools=functions or None,
-                                           add_generation_prompt=add_generation_prompt, tokenize=False,
-                                           **(template_kwargs or {}))
+        rendered = tok.render_chat(conversation, tools=functions or None, add_generation_prompt=add_generation_prompt,
+                                   **(template_kwargs or {}))
     except Exception as e:  # jinja TemplateError or a template's raise_exception()
         raise ValidationError("messages", f"the chat template rejected the messages: {e}") from e
-    assert isinstance(rendered, str)
     return _open_last(rendered, conversation) if continue_final_message else rendered
 
 

@@ -14,6 +14,7 @@ from pdserve.core.block_manager import BlockManager
 from pdserve.core.scheduler import Scheduler, SchedulerConfig
 from pdserve.core.spec_schedule import DraftPlanner
 from pdserve.core.speculative import SpeculativeConfig
+from pdserve.flags import add_model_args
 from pdserve.guided import GuideCompiler
 from pdserve.model.prepare import resolve_model
 from pdserve.model.spec import ModelSpec
@@ -26,18 +27,6 @@ from pdserve.runtime.runner import ModelRunner
 log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="HF model folder (default: SmolLM2-135M-Instruct)")
-    p.add_argument("--served-model-name", default=None)
-    p.add_argument("--max-model-len", type=int, default=2048)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, required=True)
-    p.add_argument("--log-level", default="INFO")
-    p.add_argument("--otlp-traces-endpoint", default=None,
-                   help="OTLP/gRPC collector for traces, e.g. http://jaeger:4317 (else OTEL_* env vars)")
-    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus endpoint port (0: off)")
 
 
 def _kv_cache_dtype(value: str) -> str:

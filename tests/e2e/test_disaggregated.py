@@ -38,7 +38,7 @@ def test_greedy_equals_single_process_engine(client, offline_runner, prompt):
 
     text, ids, done = client.generate(text=prompt, max_tokens=40, temperature=0.0, ignore_eos=True)
     assert done.usage.completion_tokens == 40
-    prompt_ids = load_tokenizer(offline_runner_dir(offline_runner))(prompt)["input_ids"]
+    prompt_ids = load_tokenizer(offline_runner_dir(offline_runner)).encode(prompt)
     assert ids == offline(offline_runner, prompt_ids, 40)
 
 

@@ -158,7 +158,7 @@ def test_echo_prepends_the_prompt_whole_and_streamed(client, default_model_dir):
     assert "".join(c.choices[0].text for c in streamed if c.choices) == "The sky is" + plain
     from gateway.tokenizer import load_tokenizer
 
-    ids = load_tokenizer(default_model_dir)("The sky is")["input_ids"]
+    ids = load_tokenizer(default_model_dir).encode("The sky is")
     assert client.completions.create(prompt=ids, echo=True, **kw).choices[0].text == "The sky is" + plain
 
 
@@ -191,7 +191,7 @@ def test_echo_with_logprobs_scores_the_prompt_as_the_grpc_api(http, client, word
     logprobs; then the generated token's, as without echo. Whole == streamed; a text prompt too."""
     stack, _ = http
     tok, text = words
-    ids = tok(SCORED)["input_ids"]
+    ids = tok.encode(SCORED)
     body = dict(model="", max_tokens=1, temperature=0, logprobs=2, echo=True, seed=1234)
     r = client.completions.create(prompt=ids, **body)
     c, lp = r.choices[0], r.choices[0].logprobs
@@ -238,7 +238,7 @@ def test_vllm_prompt_logprobs_extension(http, client, words):
     /v1/completions (the prompt's token first, then the top N ranked 1..N), on the response on chat."""
     stack, url = http
     tok, text = words
-    ids = tok(SCORED)["input_ids"]
+    ids = tok.encode(SCORED)
     first = _grpc_prompt_logprobs(stack, ids, 3)
     kw = dict(model="", prompt=ids, max_tokens=2, temperature=0, n=2)
     raw = client.completions.with_raw_response.create(**kw, extra_body={"prompt_logprobs": 3}).http_response.json()

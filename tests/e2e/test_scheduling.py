@@ -35,7 +35,7 @@ TEXT = ("The history of the city begins with a small fishing village on the rive
 def text_ids(default_model_dir) -> list[int]:
     from gateway.tokenizer import load_tokenizer
 
-    return load_tokenizer(default_model_dir)(TEXT)["input_ids"]
+    return load_tokenizer(default_model_dir).encode(TEXT)
 
 
 @pytest.fixture(scope="module")

@@ -37,7 +37,7 @@ def reference(offline_runner, default_model_dir) -> tuple[list[int], list[int]]:
     """Prompt ids and the single-process engine's plain greedy tokens (no speculation)."""
     from gateway.tokenizer import load_tokenizer
 
-    ids = load_tokenizer(default_model_dir)(PROMPT)["input_ids"]
+    ids = load_tokenizer(default_model_dir).encode(PROMPT)
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     return ids, generate(offline_runner, [ids], params)[0]
 

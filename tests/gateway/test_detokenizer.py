@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from gateway.detokenizer import ByteLevelDetokenizer, ByteTable, IncrementalDetokenizer, make_detokenizer
+from gateway.hf_tokenizer import Tokenizer
 from gateway.stops import StopChecker
 from gateway.tokenizer import encode_prompt, load_tokenizer
 from pdserve.core.sampling import ValidationError
@@ -24,7 +25,7 @@ SAMPLES = [
 
 
 @pytest.fixture(scope="module")
-def tok(default_model_dir: Path) -> Any:
+def tok(default_model_dir: Path) -> Tokenizer:
     return load_tokenizer(default_model_dir)
 
 
@@ -52,12 +53,17 @@ def test_deltas_concatenate_to_full_decode(tok: Any, chat_prompt: list[int], tex
 
 
 @pytest.mark.parametrize("text", SAMPLES)
-def test_rust_decode_path_gives_the_same_deltas(tok: Any, chat_prompt: list[int], text: str) -> None:
+def test_rust_decode_path_gives_the_same_deltas(tok: Any, chat_prompt: list[int], text: str,
+                                                default_model_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(str(default_model_dir), local_files_only=True)
     ids = tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
     fast = IncrementalDetokenizer(tok, chat_prompt)
     slow = IncrementalDetokenizer(tok, chat_prompt)
-    slow._backend_decode = None  # through transformers' decode, as before the shortcut
-    assert fast._backend_decode is not None  # the default model's tokenizer is a fast one
+    # through transformers' decode, as before the gateway stopped using transformers
+    slow._backend_decode = lambda ids, skip_special_tokens: hf.decode(  # type: ignore[method-assign]
+        ids, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False)
     assert _stream(fast, ids) == _stream(slow, ids)
 
 
@@ -119,14 +125,14 @@ def test_invalid_bytes_do_not_stall_forever(tok: Any) -> None:
 def test_leading_space_tokenizer() -> None:
     # SentencePiece-style: decoding drops the space of the first token ("▁world" -> "world"),
     # so decoding token by token would glue words together.
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Tokenizer as Raw
+    from tokenizers import decoders, models, pre_tokenizers
 
     vocab = {"<unk>": 0, "▁Hello": 1, "▁world": 2, ",": 3, "▁how": 4, "▁are": 5, "▁you": 6, "?": 7}
-    raw = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    raw = Raw(models.WordLevel(vocab, unk_token="<unk>"))
     raw.pre_tokenizer = pre_tokenizers.Metaspace()
     raw.decoder = decoders.Metaspace()
-    sp = PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="<unk>")
+    sp = Tokenizer(raw, {"unk_token": "<unk>"})
     ids = [1, 2, 3, 4, 5, 6, 7]
     assert sp.decode([2]) == "world"  # the trap
     deltas = _stream(IncrementalDetokenizer(sp, [1]), ids[1:])
@@ -145,12 +151,12 @@ def table(tok: Any) -> ByteTable:
 
 
 def test_byte_table_only_for_byte_level_decoders() -> None:
-    from tokenizers import Tokenizer, decoders, models
-    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Tokenizer as Raw
+    from tokenizers import decoders, models
 
-    raw = Tokenizer(models.WordLevel({"<unk>": 0, "▁a": 1}, unk_token="<unk>"))
+    raw = Raw(models.WordLevel({"<unk>": 0, "▁a": 1}, unk_token="<unk>"))
     raw.decoder = decoders.Metaspace()
-    sp = PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="<unk>")
+    sp = Tokenizer(raw, {"unk_token": "<unk>"})
     assert ByteTable.build(sp) is None
     assert isinstance(make_detokenizer(sp, [1], None), IncrementalDetokenizer)
 
@@ -256,16 +262,15 @@ def test_no_stops_passes_through() -> None:
 
 
 def test_encode_text(tok: Any) -> None:
-    assert encode_prompt(tok, text="Hello world") == tok("Hello world")["input_ids"]
+    assert encode_prompt(tok, text="Hello world") == tok.encode("Hello world", add_special_tokens=True)
 
 
 def test_encode_messages_forms(tok: Any) -> None:
-    expected = tok.apply_chat_template(
-        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
-        add_generation_prompt=True, tokenize=False,
+    expected = tok.render_chat(
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}], add_generation_prompt=True,
     )
     assert expected.endswith("<|im_start|>assistant\n")
-    want = tok(expected, add_special_tokens=False)["input_ids"]
+    want = tok.encode(expected, add_special_tokens=False)
     assert encode_prompt(tok, messages=[("system", "Be brief."), ("user", "Hi")]) == want
     as_dicts = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
     assert encode_prompt(tok, messages=as_dicts) == want
