@@ -135,7 +135,9 @@ class Tokenizer:
         unk = self.unk_token_id
         return [i for i in (unk if i is None else i for i in ids) if i is not None]
 
-    def _special_id(self, name: str) -> int | None:
+    def special_token_id(self, name: str) -> int | None:
+        """A named special token's id (e.g. "eos_token"), as transformers' <name>_id: the unknown
+        token's id where the text is not in the vocabulary; None where the token is not set."""
         text = self.special_tokens.get(name)
         if text is None:
             return None
@@ -143,36 +145,16 @@ class Tokenizer:
         return token_id if token_id is not None or name == "unk_token" else self.unk_token_id
 
     @property
-    def bos_token(self) -> str | None:
-        return self.special_tokens.get("bos_token")
-
-    @property
     def eos_token(self) -> str | None:
         return self.special_tokens.get("eos_token")
 
     @property
-    def unk_token(self) -> str | None:
-        return self.special_tokens.get("unk_token")
-
-    @property
-    def pad_token(self) -> str | None:
-        return self.special_tokens.get("pad_token")
-
-    @property
-    def bos_token_id(self) -> int | None:
-        return self._special_id("bos_token")
-
-    @property
     def eos_token_id(self) -> int | None:
-        return self._special_id("eos_token")
+        return self.special_token_id("eos_token")
 
     @property
     def unk_token_id(self) -> int | None:
-        return self._special_id("unk_token")
-
-    @property
-    def pad_token_id(self) -> int | None:
-        return self._special_id("pad_token")
+        return self.special_token_id("unk_token")
 
     # ------------------------------------------------------------------ text
 

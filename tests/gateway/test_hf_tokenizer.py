@@ -193,8 +193,8 @@ def test_vocabulary(pair: tuple[Tokenizer, Any]) -> None:
     assert ours.special_tokens == hf.special_tokens_map
     assert ours.added_special_ids == {i for i, t in hf.added_tokens_decoder.items() if t.special}
     for name in ("bos", "eos", "unk", "pad"):
-        assert getattr(ours, f"{name}_token") == getattr(hf, f"{name}_token"), name
-        assert getattr(ours, f"{name}_token_id") == getattr(hf, f"{name}_token_id"), name
+        assert ours.special_tokens.get(f"{name}_token") == getattr(hf, f"{name}_token"), name
+        assert ours.special_token_id(f"{name}_token") == getattr(hf, f"{name}_token_id"), name
 
 
 @pytest.mark.parametrize("add_special_tokens", [True, False])
@@ -381,7 +381,7 @@ def test_what_transformers_does_with_the_config(built: dict[str, Tokenizer]) -> 
     # Special tokens the vocabulary lacks are added (as AddedToken dicts too), and are special.
     dicts = built["bpe-added-token-dicts"]
     n = len(built["bpe"])
-    assert len(dicts) == n + 3 and dicts.bos_token == "<|begin|>" and dicts.pad_token_id == n + 2
+    assert len(dicts) == n + 3 and dicts.special_tokens["bos_token"] == "<|begin|>" and dicts.special_token_id("pad_token") == n + 2
     assert {n, n + 1, n + 2} <= dicts.added_special_ids and dicts.decode([n, 5, n + 1], skip_special_tokens=True) == \
         dicts.decode([5])
     extra = built["bpe-extra-special-and-model-tokens"]
