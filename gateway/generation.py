@@ -79,15 +79,15 @@ def _guide(so: gateway_pb2.StructuredOutput) -> Guide | None:
     """The Guide a StructuredOutput asks for (None: free text; json_object false is unset)."""
     kind = so.WhichOneof("kind")
     if kind == "json_schema":
-        return Guide(GuideKind.JSON, so.json_schema)
+        return Guide(GuideKind.JSON, so.json_schema, so.reasoning)
     if kind == "json_object":
-        return Guide(GuideKind.JSON, '{"type": "object"}') if so.json_object else None
+        return Guide(GuideKind.JSON, '{"type": "object"}', so.reasoning) if so.json_object else None
     if kind == "regex":
-        return Guide(GuideKind.REGEX, so.regex)
+        return Guide(GuideKind.REGEX, so.regex, so.reasoning)
     if kind == "choice":
-        return Guide(GuideKind.CHOICE, json.dumps(list(so.choice.choices)))
+        return Guide(GuideKind.CHOICE, json.dumps(list(so.choice.choices)), so.reasoning)
     if kind == "grammar":
-        return Guide(GuideKind.GRAMMAR, so.grammar)
+        return Guide(GuideKind.GRAMMAR, so.grammar, so.reasoning)
     return None
 
 

@@ -172,7 +172,7 @@ class OpenAIServer:
                 body = await _json_body(request)
                 prompts = [schema.chat_request(body, self.tool_parser)] if chat else schema.completion_requests(body)
                 tool_choice = schema.tool_choice(body, prompts[0], self.tool_parser) if chat else None
-                include_reasoning = schema.include_reasoning(body)
+                reasoning = self._reasoning(prompts[0], schema.include_reasoning(body)) if chat else None
                 echoed = schema.echo(body, chat)
                 reqs = schema.samples(body, prompts)
                 limit = self.generation.admission.max_queued
@@ -195,7 +195,6 @@ class OpenAIServer:
                 width = schema.asked_prompt_logprobs(body)
                 prompt_logprobs = None if width is None else [
                     schema.vllm_prompt_logprobs(f.chunk, width, self.words) for f in firsts]
-                reasoning = self._reasoning(prompts[0], include_reasoning) if chat else None
             except GatewayError as e:
                 return error_response(schema.as_sent(e, body))  # structured output: the parameter sent
             reply = Reply(("chatcmpl-" if chat else "cmpl-") + rid, self.generation.model.name, chat,
@@ -218,7 +217,7 @@ class OpenAIServer:
                 chat, names = responses_api.to_chat(body)
                 req = schema.chat_request(chat, self.tool_parser)
                 choice = schema.tool_choice(chat, req, self.tool_parser)
-                reasoning_on = schema.include_reasoning(chat)
+                reasoning = self._reasoning(req, schema.include_reasoning(chat))
                 stream = body.get("stream") or False
                 if not isinstance(stream, bool):
                     raise schema.bad("stream", "must be a boolean")
@@ -227,7 +226,6 @@ class OpenAIServer:
                     self.generation.stream(req, rid, Deadline(None), fill_max_tokens=True),
                     req, self.generation.model.name, propagate.extract(request.headers), self.metrics)))
                 first = (await _firsts([gen], n=1, batch=False))[0]
-                reasoning = self._reasoning(req, reasoning_on)
             except GatewayError as e:
                 return error_response(names.renamed(schema.as_sent(e, chat)))
             builder = responses_api.Builder(responses_api.frame(rid, self.generation.model.name, body, chat))
@@ -251,12 +249,19 @@ class OpenAIServer:
             return resp
 
     def _reasoning(self, req: gateway_pb2.GenerateRequest, include: bool) -> think.Reasoning | None:
-        """How a chat answer's thinking is split off (None: no --reasoning-parser). Rendered
-        again here for the prompt's end, which says whether the answer starts inside it."""
+        """How a chat answer's thinking is split off (None: no --reasoning-parser): the prompt is
+        rendered here for its end, which says whether the answer starts inside it. A structured
+        output then holds from the end of the reasoning (StructuredOutput.reasoning)."""
         if self.reasoning_parser is None:
             return None
-        tail = self.generation.chat_text(req.chat)[-64:]
-        return think.for_request(self.reasoning_parser, tail, req.sampling.HasField("structured_output"), include)
+        try:
+            tail = self.generation.chat_text(req.chat)[-64:]
+        except ValidationError as e:
+            raise invalid(e) from None
+        reasoning = think.for_request(self.reasoning_parser, tail, include)
+        if req.sampling.HasField("structured_output"):
+            req.sampling.structured_output.reasoning = reasoning.guided
+        return reasoning
 
     def _prompt_text(self, req: gateway_pb2.GenerateRequest) -> str:
         """A completion prompt's text, for echo (token ids decoded)."""

@@ -10,9 +10,12 @@ calls are read from the content only. Where the answer starts:
 - else (`qwen3`) as content, unless the answer itself opens with `<think>`: Qwen3 with
   `enable_thinking: false` writes no tags and its text is content.
 
-A request whose output is constrained (structured output, a forced tool call) starts as content:
-the constraint holds from its first token, so the model does not think first. `include_reasoning:
-false` drops the reasoning from the answer.
+A constrained output (structured output, a forced tool call) is constrained after the reasoning
+(the OpenAI face sets StructuredOutput.reasoning: "open" where the answer starts inside it, else
+"optional", or nothing where the prompt closed the reasoning itself; pdserve.guided puts any text
+up to "</think>" before the language). A model that does not think should not be served with a
+reasoning parser: "optional" lets it open a "<think>" it may never close.
+`include_reasoning: false` drops the reasoning from the answer.
 """
 
 from __future__ import annotations
@@ -27,20 +30,26 @@ OPEN, CLOSE = "<think>", "</think>"
 
 @dataclass(frozen=True)
 class Reasoning:
-    """How one request's answer is split: `opened` (it starts inside the reasoning) and whether
-    the reasoning is sent (`include`)."""
+    """How one request's answer is split: `opened` (it starts inside the reasoning), whether the
+    reasoning is sent (`include`), and where a constrained output starts (`guided`: "open",
+    "optional" or "" for StructuredOutput.reasoning)."""
 
     opened: bool
     include: bool = True
+    guided: str = "optional"
 
 
-def for_request(parser: str | None, prompt_tail: str, constrained: bool, include: bool) -> Reasoning | None:
+def for_request(parser: str | None, prompt_tail: str, include: bool) -> Reasoning | None:
     """The split for a request (None: no parser, the text is all content). `prompt_tail`: the end
-    of the prompt's text, special tokens included."""
+    of the prompt's text, special tokens included. A prompt that closed the reasoning itself (Qwen3's
+    template with enable_thinking false ends with "<think>\n\n</think>\n\n") leaves none to the answer."""
     if parser is None:
         return None
-    opened = not constrained and (parser == "deepseek_r1" or prompt_tail.rstrip().endswith(OPEN))
-    return Reasoning(opened, include)
+    tail = prompt_tail.rstrip()
+    if tail.endswith(CLOSE):
+        return Reasoning(False, include, "")
+    opened = parser == "deepseek_r1" or tail.endswith(OPEN)
+    return Reasoning(opened, include, "open" if opened else "optional")
 
 
 def split(reasoning: Reasoning, text: str) -> tuple[str | None, str]:

@@ -28,8 +28,8 @@ from gateway.openai_schema import FINISH_NAMES, openai_param
 # Chat parameters a Responses body may carry as they are (vLLM's extras included).
 PASSED = ("model", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
           "frequency_penalty", "seed", "stop", "logit_bias", "priority", "parallel_tool_calls",
-          "chat_template_kwargs", "include_reasoning", "structured_outputs", "guided_json", "guided_regex",
-          "guided_choice", "guided_grammar")
+          "chat_template_kwargs", "add_generation_prompt", "continue_final_message", "include_reasoning",
+          "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
 REFUSED = ("previous_response_id", "conversation", "prompt", "top_logprobs")
 ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
 

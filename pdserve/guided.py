@@ -34,8 +34,25 @@ JSON_OPTIONS = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexi
 CACHED_GUIDES = 128  # compiled matchers kept per compiler (a new request copies one)
 
 
+# The reasoning before a guide's language (Guide.reasoning): any text up to the first "</think>"
+# (a lazy lexeme: it ends at the first match), then whitespace, then the language (@answer).
+THINKING = 'think[lazy]: /(?s:.*)<\\/think>/\nWS: /[ \\t\\n]*/\n'
+REASONING_STARTS = {"open": "start: think WS @answer\n", "optional": 'start: ("<think>" think WS)? @answer\n'}
+
+
 def grammar(guide: Guide) -> str:
-    """The llguidance grammar of a guide that passed Guide.validate (not yet compiled)."""
+    """The llguidance grammar of a guide that passed Guide.validate (not yet compiled); with
+    guide.reasoning, the reasoning first and the guide's own grammar after it (as "answer")."""
+    language = _language(guide)
+    if not guide.reasoning:
+        return language
+    top = json.loads(language) if language.startswith("{") else {"grammars": [{"lark_grammar": language}]}
+    answer = {**top["grammars"][0], "name": "answer"}
+    start = {"lark_grammar": REASONING_STARTS[guide.reasoning] + THINKING}
+    return json.dumps({**top, "grammars": [start, answer, *top["grammars"][1:]]})
+
+
+def _language(guide: Guide) -> str:
     if guide.kind is GuideKind.JSON:  # options the schema's own x-guidance sets are its own
         schema = json.loads(guide.value)
         given = schema.get("x-guidance") if isinstance(schema, dict) else None

@@ -57,6 +57,7 @@ def sampling_to_wire(p: SamplingParams) -> worker_pb2.WorkerSampling:
     if p.guide is not None:
         w.guide.kind = _GUIDE_TO_WIRE[p.guide.kind]
         w.guide.value = p.guide.value
+        w.guide.reasoning = p.guide.reasoning
     return w
 
 
@@ -73,7 +74,7 @@ def _guide_from_wire(w: worker_pb2.WorkerSampling) -> Guide | None:
     kind = _GUIDE_FROM_WIRE.get(w.guide.kind)
     if kind is None:
         raise ValidationError("guide", f"unknown kind {w.guide.kind}")
-    return Guide(kind, w.guide.value)
+    return Guide(kind, w.guide.value, w.guide.reasoning)
 
 
 def sampling_from_wire(w: worker_pb2.WorkerSampling, vocab_size: int | None = None) -> SamplingParams:

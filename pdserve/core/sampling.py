@@ -20,6 +20,9 @@ class ValidationError(ValueError):
         self.field = field
 
 
+REASONING_MODES = ("", "open", "optional")  # Guide.reasoning
+
+
 class GuideKind(enum.Enum):
     JSON = "json"  # value: a JSON schema (JSON text)
     REGEX = "regex"  # value: a regular expression the whole output matches
@@ -34,9 +37,16 @@ class Guide:
 
     kind: GuideKind
     value: str
+    # Thinking models: "open" (the output starts inside a <think>: any text up to "</think>" and
+    # whitespace come before the language), "optional" (it may start with "<think>...</think>"),
+    # "" (the language from the first token)
+    reasoning: str = ""
 
     def validate(self) -> None:
         """The checks that need no tokenizer (pdserve.guided compiles the rest); ValidationError."""
+        if self.reasoning not in REASONING_MODES:
+            raise ValidationError("guide", f"reasoning must be one of {', '.join(map(repr, REASONING_MODES))}, "
+                                  f"got {self.reasoning!r:.40}")
         if not self.value:
             raise ValidationError("guide", f"the {self.kind.value} is empty")
         if len(self.value) > MAX_GUIDE_CHARS:

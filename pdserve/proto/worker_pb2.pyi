@@ -65,7 +65,7 @@ class WorkerSampling(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., max_tokens: _Optional[int] = ..., min_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., logprobs: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., min_p: _Optional[float] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., prompt_logprobs: _Optional[int] = ..., guide: _Optional[_Union[WorkerGuide, _Mapping]] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class WorkerGuide(_message.Message):
-    __slots__ = ("kind", "value")
+    __slots__ = ("kind", "value", "reasoning")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         KIND_UNSPECIFIED: _ClassVar[WorkerGuide.Kind]
@@ -80,9 +80,11 @@ class WorkerGuide(_message.Message):
     KIND_GRAMMAR: WorkerGuide.Kind
     KIND_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
+    REASONING_FIELD_NUMBER: _ClassVar[int]
     kind: WorkerGuide.Kind
     value: str
-    def __init__(self, kind: _Optional[_Union[WorkerGuide.Kind, str]] = ..., value: _Optional[str] = ...) -> None: ...
+    reasoning: str
+    def __init__(self, kind: _Optional[_Union[WorkerGuide.Kind, str]] = ..., value: _Optional[str] = ..., reasoning: _Optional[str] = ...) -> None: ...
 
 class WorkerLogprobs(_message.Message):
     __slots__ = ("logprob", "top_token_ids", "top_logprobs", "rank")

@@ -2,10 +2,11 @@
 started with the shipped ChatML tools template and the Hermes parser: a named function and
 "required" constrain the output to calls of the request's tools; "auto" reads the calls the model
 writes (forced here with a regex, as the small model rarely calls a tool of itself); streamed
-answers assemble to the whole ones; earlier calls and tool results render in later turns. The
-same gateway has --reasoning-parser qwen3: a <think>...</think> the model writes (forced with a
-regex too) is the answer's `reasoning`, apart from its content; and the chat template's options
-(add_generation_prompt, continue_final_message, chat_template_kwargs) shape the prompt."""
+answers assemble to the whole ones; earlier calls and tool results render in later turns. A
+second gateway has --reasoning-parser qwen3: a <think>...</think> the model writes (forced with a
+regex too) is the answer's `reasoning`, apart from its content, and a structured output holds
+after it. The chat template's options (add_generation_prompt, continue_final_message,
+chat_template_kwargs) shape the prompt; the Responses API answers over the same path."""
 
 from __future__ import annotations
 
@@ -37,13 +38,29 @@ def http(default_model_dir):
     port = free_port()
     with Stack(model=str(default_model_dir), worker_args=["--max-model-len", "1024"],
                gateway_args=["--max-model-len", "1024", "--http-port", str(port), "--chat-template", str(TEMPLATE),
-                             "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3"]) as st:
+                             "--tool-call-parser", "hermes"]) as st:
         yield st, f"http://127.0.0.1:{port}/v1"
 
 
 @pytest.fixture
 def client(http):
     yield from openai_client(*http)
+
+
+@pytest.fixture(scope="module")
+def thinking_http(default_model_dir):
+    """A gateway with --reasoning-parser qwen3 (kept apart: with a reasoning parser a constrained
+    answer may open a <think>, which this small model, no thinking model, may never close)."""
+    port = free_port()
+    with Stack(model=str(default_model_dir), worker_args=["--max-model-len", "1024"],
+               gateway_args=["--max-model-len", "1024", "--http-port", str(port), "--chat-template", str(TEMPLATE),
+                             "--reasoning-parser", "qwen3"]) as st:
+        yield st, f"http://127.0.0.1:{port}/v1"
+
+
+@pytest.fixture
+def thinking(thinking_http):
+    yield from openai_client(*thinking_http)
 
 
 def ask(client, stream: bool = False, **kw):
@@ -136,7 +153,15 @@ def test_each_choice_has_its_own_calls(client):
     assert streamed == {c.index: c.message.tool_calls[0].function.arguments for c in r.choices}
 
 
-THINK = {"guided_regex": "<think>[a-z ]{5,40}</think>\n\n[A-Z][a-z ]{3,30}\\."}
+CITY_ONLY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"],
+             "additionalProperties": False}
+ASK_JSON = [{"role": "user", "content": "What is the capital of France? Answer in JSON."}]
+# A thought, then JSON: the prompt opens a <think> (the assistant's turn begun with it and left
+# open), a structured output holds after the reasoning, and a logit bias on "</", "think" and ">"
+# steers this small model (no thinking model) to close its thought (greedy: always the same).
+OPENED = dict(messages=[*ASK_JSON, {"role": "assistant", "content": "<think>"}], max_tokens=80, extra_body={
+    "guided_json": CITY_ONLY, "add_generation_prompt": False, "continue_final_message": True,
+    "logit_bias": {"9617": 6, "17400": 10, "46": 5}})
 
 
 def _thought(client, stream: bool, **kw) -> tuple[str | None, str | None, str]:
@@ -160,17 +185,19 @@ def _thought(client, stream: bool, **kw) -> tuple[str | None, str | None, str]:
     return thought, content, finish
 
 
-def test_reasoning_is_apart_from_the_content(client):
-    import re
-
-    thought, content, finish = _thought(client, False, extra_body=THINK)
-    assert finish == "stop" and re.fullmatch("[a-z ]{5,40}", thought) and re.fullmatch("[A-Z][a-z ]{3,30}\\.", content)
-    assert _thought(client, True, extra_body=THINK) == (thought, content, "stop")
-    hidden = {**THINK, "include_reasoning": False}
-    assert _thought(client, False, extra_body=hidden) == (None, content, "stop")
-    assert _thought(client, True, extra_body=hidden) == (None, content, "stop")
-    plain = _thought(client, False, max_tokens=8)  # no <think>: all content
+def test_reasoning_is_apart_from_the_content(thinking):
+    """The thought is `reasoning`, the JSON after it the content; streamed the same; include_reasoning
+    false leaves the thought out; without a <think> there is none."""
+    thought, content, finish = _thought(thinking, False, **OPENED)
+    assert thought and finish == "stop" and set(json.loads(content)) == {"city"}
+    assert _thought(thinking, True, **OPENED) == (thought, content, "stop")
+    hidden = {**OPENED, "extra_body": {**OPENED["extra_body"], "include_reasoning": False}}
+    assert _thought(thinking, False, **hidden) == (None, content, "stop")
+    assert _thought(thinking, True, **hidden) == (None, content, "stop")
+    plain = _thought(thinking, False, max_tokens=8)  # no <think>: all content
     assert plain[0] is None and plain[1]
+    guided = _thought(thinking, False, messages=ASK_JSON, extra_body={"guided_json": CITY_ONLY})
+    assert guided[0] is None and set(json.loads(guided[1])) == {"city"}  # "optional": straight to the JSON
 
 
 def test_template_options_shape_the_prompt(http, client):
@@ -235,14 +262,14 @@ def test_responses_function_calls_and_their_outputs(client):
     assert then.output_text and then.usage.input_tokens > r.usage.input_tokens
 
 
-def test_responses_reasoning_is_its_own_item(client):
-    r = client.responses.create(model="", input=ASK, max_output_tokens=60, temperature=0, extra_body=THINK)
-    kinds = [o.type for o in r.output]
-    assert kinds == ["reasoning", "message"] and r.status == "completed"
-    thought, _, _ = _thought(client, False, extra_body=THINK)
-    assert r.output[0].content[0].text == thought and 0 < r.usage.output_tokens_details.reasoning_tokens < r.usage.output_tokens
-    events = list(client.responses.create(model="", input=ASK, max_output_tokens=60, temperature=0, extra_body=THINK,
-                                          stream=True))
+def test_responses_reasoning_is_its_own_item(thinking):
+    kw = dict(model="", input=OPENED["messages"], max_output_tokens=80, temperature=0, extra_body=OPENED["extra_body"])
+    r = thinking.responses.create(**kw)
+    assert [o.type for o in r.output] == ["reasoning", "message"] and r.status == "completed"
+    thought, content, _ = _thought(thinking, False, **OPENED)
+    assert r.output[0].content[0].text == thought and r.output_text == content
+    assert 0 < r.usage.output_tokens_details.reasoning_tokens < r.usage.output_tokens
+    events = list(thinking.responses.create(**kw, stream=True))
     assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == thought
     assert events[-1].type == "response.completed" and events[-1].response.output_text == r.output_text
 

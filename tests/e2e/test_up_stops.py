@@ -49,12 +49,16 @@ def test_sigterm_stops_every_service(tmp_path) -> None:
         assert urls == [f"http://127.0.0.1:{http_port}/v1"]
         with urllib.request.urlopen(urls[0] + "/models", timeout=30) as r:
             assert json.loads(r.read())["data"][0]["object"] == "model"
-        ask = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 40, "temperature": 0,
-               "guided_regex": "<think>a{1,3}</think>b{1,3}"}
+        city = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"],
+                "additionalProperties": False}
+        ask = {"messages": [{"role": "user", "content": "What is the capital of France? Answer in JSON."},
+                            {"role": "assistant", "content": "<think>"}], "max_tokens": 80, "temperature": 0,
+               "add_generation_prompt": False, "continue_final_message": True, "guided_json": city,
+               "logit_bias": {"9617": 6, "17400": 10, "46": 5}}  # as tests/e2e/test_openai_tools.py's OPENED
         with urllib.request.urlopen(urllib.request.Request(urls[0] + "/chat/completions", json.dumps(ask).encode(),
                                                            {"Content-Type": "application/json"}), timeout=60) as r:
             message = json.loads(r.read())["choices"][0]["message"]
-        assert message["reasoning"].startswith("a") and message["content"].startswith("b"), message
+        assert message["reasoning"] and isinstance(json.loads(message["content"]), dict), message
         addresses.append(f"127.0.0.1:{http_port}")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) is not None

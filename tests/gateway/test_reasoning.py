@@ -40,14 +40,14 @@ def test_split(opened, text, thought, content):
 
 
 def test_for_request():
-    """deepseek_r1 starts inside the reasoning; qwen3 where the prompt ends with <think>; neither
-    when the output is constrained; no parser, no split."""
-    assert for_request(None, "<think>\n", False, True) is None
-    assert for_request("deepseek_r1", "<|Assistant|>", False, True) == Reasoning(True)
-    assert for_request("deepseek_r1", "<|Assistant|><think>\n", True, True) == Reasoning(False)
-    assert for_request("qwen3", "<|im_start|>assistant\n", False, True) == Reasoning(False)
-    assert for_request("qwen3", "<|im_start|>assistant\n<think>\n", False, False) == Reasoning(True, False)
-    assert for_request("qwen3", "<|im_start|>assistant\n<think>\n", True, True) == Reasoning(False)
+    """deepseek_r1 starts inside the reasoning; qwen3 where the prompt ends with <think>; no
+    parser, no split."""
+    assert for_request(None, "<think>\n", True) is None
+    assert for_request("deepseek_r1", "<|Assistant|>", True) == Reasoning(True, True, "open")
+    assert for_request("qwen3", "<|im_start|>assistant\n", True) == Reasoning(False, True, "optional")
+    assert for_request("qwen3", "<|im_start|>assistant\n<think>\n", False) == Reasoning(True, False, "open")
+    for parser in ("qwen3", "deepseek_r1"):  # the template closed it (Qwen3, enable_thinking false)
+        assert for_request(parser, "assistant\n<think>\n\n</think>\n\n", True) == Reasoning(False, True, "")
 
 
 def test_partial_tags_are_held_back():

@@ -330,3 +330,27 @@ def test_a_whitespace_pattern_lets_json_have_that_whitespace(guides, tokenizer, 
     compact.get("structured_outputs", {}).pop("whitespace_pattern", None)
     plain = sampling_from_request(sampling(compact, chat=True)).guide
     assert _accepts(guides, tokenizer, plain, '{"a": 1}') and not _accepts(guides, tokenizer, plain, '{\n"a": 1}')
+
+
+def _complete(guides, tokenizer, guide: Guide, text: str) -> bool:
+    """text is a sentence of the guide's language (its tokens accepted, then EOS allowed)."""
+    g = guides.new(guide)
+    ok = all(g.accept(t) for t in tokenizer.encode(text, add_special_tokens=False))
+    return ok and set(guides._tokenizer.eos_tokens) <= set(allowed_ids(g.allowed(), guides.vocab_size))
+
+
+@pytest.mark.parametrize("kind, value, answer", [
+    (GuideKind.JSON, json.dumps(SCHEMA), '{"name": "Bob", "age": 31}'), (GuideKind.REGEX, "[A-Z][a-z]+", "Paris"),
+    (GuideKind.CHOICE, '["yes", "no"]', "yes"), (GuideKind.GRAMMAR, 'start: "x" y\ny: "ab"', "xab"),
+])
+def test_a_guide_after_the_reasoning(guides, tokenizer, kind, value, answer):
+    """Guide.reasoning "open": any text up to the first "</think>" and whitespace, then the
+    language; "optional": an optional "<think>...</think>" first; "": the language alone."""
+    cases = {"<think>hm, a </ think></think>\n\n": (True, True), "hm</think>\n": (True, False), "": (False, True),
+             "x</think>" + answer + "</think>": (False, False)}
+    for before, (in_open, in_optional) in cases.items():
+        assert _complete(guides, tokenizer, Guide(kind, value, "open"), before + answer) is in_open, before
+        assert _complete(guides, tokenizer, Guide(kind, value, "optional"), before + answer) is in_optional, before
+    assert not _complete(guides, tokenizer, Guide(kind, value), "<think>a</think>" + answer)
+    with pytest.raises(ValidationError, match="reasoning"):
+        guides.check(Guide(kind, value, "always"))
