@@ -179,18 +179,14 @@ class OpenAIServer:
                 if limit is not None and len(reqs) > limit:  # they could never all be admitted: not a 429
                     raise schema.bad("n" if len(reqs) > len(prompts) else "prompt",
                                      f"{len(reqs)} choices exceed this gateway's --max-queued-requests ({limit})")
-                stream = body.get("stream") or False
-                if not isinstance(stream, bool):
-                    raise schema.bad("stream", "must be a boolean")
+                stream = _stream_flag(body)
                 opts = body.get("stream_options") or {}
                 if not isinstance(opts, dict) or not isinstance(opts.get("include_usage", False), bool):
                     raise schema.bad("stream_options", "must be an object like {\"include_usage\": true}")
                 include_usage = opts.get("include_usage", False)
                 rid = uuid.uuid4().hex
-                streams = [await closing.enter_async_context(contextlib.aclosing(observed(
-                    self.generation.stream(r, uuid.uuid4().hex if i else rid, Deadline(None), fill_max_tokens=chat),
-                    r, self.generation.model.name, propagate.extract(request.headers), self.metrics)))
-                    for i, r in enumerate(reqs)]
+                streams = [await self._start(closing, request, r, uuid.uuid4().hex if i else rid, fill_max_tokens=chat)
+                           for i, r in enumerate(reqs)]
                 firsts = await _firsts(streams, n=len(reqs) // len(prompts), batch=len(prompts) > 1)
                 width = schema.asked_prompt_logprobs(body)
                 prompt_logprobs = None if width is None else [
@@ -218,13 +214,9 @@ class OpenAIServer:
                 req = schema.chat_request(chat, self.tool_parser)
                 choice = schema.tool_choice(chat, req, self.tool_parser)
                 reasoning = self._reasoning(req, schema.include_reasoning(chat))
-                stream = body.get("stream") or False
-                if not isinstance(stream, bool):
-                    raise schema.bad("stream", "must be a boolean")
+                stream = _stream_flag(body)
                 rid = uuid.uuid4().hex
-                gen = await closing.enter_async_context(contextlib.aclosing(observed(
-                    self.generation.stream(req, rid, Deadline(None), fill_max_tokens=True),
-                    req, self.generation.model.name, propagate.extract(request.headers), self.metrics)))
+                gen = await self._start(closing, request, req, rid, fill_max_tokens=True)
                 first = (await _firsts([gen], n=1, batch=False))[0]
             except GatewayError as e:
                 return error_response(names.renamed(schema.as_sent(e, chat)))
@@ -247,6 +239,14 @@ class OpenAIServer:
                              "message": e.message, "param": schema.openai_param(e.field)})
             await resp.write_eof()
             return resp
+
+    async def _start(self, closing: contextlib.AsyncExitStack, request: web.Request, req: gateway_pb2.GenerateRequest,
+                     rid: str, fill_max_tokens: bool) -> AsyncIterator[gateway_pb2.GenerateResponse]:
+        """One generation's stream (observed: the span joins the caller's trace), closed, and so
+        aborted, when `closing` closes."""
+        return await closing.enter_async_context(contextlib.aclosing(observed(
+            self.generation.stream(req, rid, Deadline(None), fill_max_tokens=fill_max_tokens),
+            req, self.generation.model.name, propagate.extract(request.headers), self.metrics)))
 
     def _reasoning(self, req: gateway_pb2.GenerateRequest, include: bool) -> think.Reasoning | None:
         """How a chat answer's thinking is split off (None: no --reasoning-parser): the prompt is
@@ -291,6 +291,13 @@ async def _firsts(streams: list[AsyncIterator[gateway_pb2.GenerateResponse]], n:
         if isinstance(r, BaseException):
             raise r
     return results  # type: ignore[return-value]
+
+
+def _stream_flag(body: dict) -> bool:
+    stream = body.get("stream") or False
+    if not isinstance(stream, bool):
+        raise schema.bad("stream", "must be a boolean")
+    return stream
 
 
 async def _json_body(request: web.Request) -> dict:
