@@ -33,13 +33,18 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 WEATHER = {"type": "function", "function": {"name": "get_weather"}}
 
 
+def _served(model_dir, *flags: str):
+    """(stack, base_url) of a stack whose gateway has the OpenAI face, the ChatML tools template and flags."""
+    port = free_port()
+    with Stack(model=str(model_dir), worker_args=["--max-model-len", "1024"],
+               gateway_args=["--max-model-len", "1024", "--http-port", str(port), "--chat-template", str(TEMPLATE),
+                             *flags]) as st:
+        yield st, f"http://127.0.0.1:{port}/v1"
+
+
 @pytest.fixture(scope="module")
 def http(default_model_dir):
-    port = free_port()
-    with Stack(model=str(default_model_dir), worker_args=["--max-model-len", "1024"],
-               gateway_args=["--max-model-len", "1024", "--http-port", str(port), "--chat-template", str(TEMPLATE),
-                             "--tool-call-parser", "hermes"]) as st:
-        yield st, f"http://127.0.0.1:{port}/v1"
+    yield from _served(default_model_dir, "--tool-call-parser", "hermes")
 
 
 @pytest.fixture
@@ -51,11 +56,7 @@ def client(http):
 def thinking_http(default_model_dir):
     """A gateway with --reasoning-parser qwen3 (kept apart: with a reasoning parser a constrained
     answer may open a <think>, which this small model, no thinking model, may never close)."""
-    port = free_port()
-    with Stack(model=str(default_model_dir), worker_args=["--max-model-len", "1024"],
-               gateway_args=["--max-model-len", "1024", "--http-port", str(port), "--chat-template", str(TEMPLATE),
-                             "--reasoning-parser", "qwen3"]) as st:
-        yield st, f"http://127.0.0.1:{port}/v1"
+    yield from _served(default_model_dir, "--reasoning-parser", "qwen3")
 
 
 @pytest.fixture
