@@ -159,12 +159,28 @@ async def _reserve(job: Job, router: Router, deadline: Deadline,
     """A decode worker with room for the prompt: least loaded first, then the others, then wait.
     The request counts in the worker's `inflight` from before its Reserve call (the caller takes
     it off when the request ends), so a burst of arrivals ranks on the reservations in flight
-    and spreads over the workers instead of all ranking the same idle one first."""
+    and spreads over the workers instead of all ranking the same idle one first. While requests
+    of a lower priority value wait for room, this one does not try (the room is theirs first)."""
+    priority = job.sampling.priority
+    router.waiting[priority] += 1
+    try:
+        return await _reserve_in_turn(job, router, deadline, tried, priority)
+    finally:
+        router.waiting[priority] -= 1
+        if not router.waiting[priority]:
+            del router.waiting[priority]
+
+
+async def _reserve_in_turn(job: Job, router: Router, deadline: Deadline, tried: list[Worker],
+                           priority: int) -> tuple[Worker, worker_pb2.KvTarget]:
+    """_reserve's tries: each round every decode worker in rank order, unless a more urgent request waits."""
     req = worker_pb2.ReserveRequest(request_id=job.request_id, num_tokens=len(job.prompt),
                                    prompt_token_ids=job.prompt)  # for the decode prefix cache
     give_up, pause = time.monotonic() + router.queue_wait_s, 0.02
     while True:
-        for decode in await router.choose(lambda: router.ranked(router.decode, tuple(tried))):
+        ours = min(router.waiting) >= priority
+        decodes = await router.choose(lambda: router.ranked(router.decode, tuple(tried))) if ours else []
+        for decode in decodes:
             decode.inflight += 1
             try:
                 with tracer().start_as_current_span("decode.reserve", attributes={

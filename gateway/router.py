@@ -6,6 +6,7 @@ the worker's own GetStats (every gateway's load), polled by `gateway.health.Moni
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import itertools
 from collections.abc import Awaitable, Callable
@@ -80,6 +81,9 @@ class Router:
         # and equal loads all requests went to one of them
         self._turns = {id(pool): itertools.count() for pool in (self.prefill, self.decode, self.colocated)}
         self.queue_wait_s = 30.0  # how long a request waits for room in a decode pool
+        # the priorities of the requests waiting for room in a decode pool (flow._reserve): one
+        # with a higher value tries only while none of a lower value waits
+        self.waiting: collections.Counter[int] = collections.Counter()
         self.recheck: Callable[[], Awaitable[None]] | None = None  # set by the health monitor
 
     @property

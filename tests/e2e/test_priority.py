@@ -92,3 +92,40 @@ def test_the_model_sampling_defaults_fill_unset_fields(served):
                                  {"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=60) as r:
         assert json.loads(r.read())["usage"]["completion_tokens"] == 5
+
+
+def test_requests_waiting_for_decode_room_go_by_priority(default_model_dir):
+    """Disaggregated: while a decode pool has no room, requests wait at the gateway, and the one
+    of the lowest priority value takes the room first. The pool (8 blocks of 16 tokens) is the long
+    request's (100 + 24 tokens) until it ends, and then room for one of the two waiting ones (70
+    tokens: 5 blocks each)."""
+    from gateway.tokenizer import load_tokenizer
+
+    words = load_tokenizer(default_model_dir).encode(" ".join(f"word{i}" for i in range(200)), add_special_tokens=False)
+    with Stack(model=str(default_model_dir), worker_args=["--max-model-len", "512"], gateway_args=["--max-model-len", "512"],
+               decode_args=["--num-blocks", "8"]) as st:
+        first_token: dict[str, float] = {}
+
+        def ask(name: str, prompt: list[int], priority: int, max_tokens: int) -> None:
+            req = build_request(token_ids=prompt, max_tokens=max_tokens, temperature=0.0, ignore_eos=True,
+                                priority=priority)
+            with Client(st.gateway) as c:
+                for msg in c.stream(req, timeout=120):
+                    if msg.HasField("chunk") and msg.chunk.token_ids:
+                        first_token.setdefault(name, time.monotonic())
+
+        long = threading.Thread(target=ask, args=("long", words[:100], 0, 24))
+        long.start()
+        deadline = time.monotonic() + 60
+        while "long" not in first_token and time.monotonic() < deadline:
+            time.sleep(0.01)
+        waiting = [threading.Thread(target=ask, args=("late", words[100:170], 4, 8)),
+                   threading.Thread(target=ask, args=("urgent", words[170:240], -4, 8))]
+        for t in waiting:
+            t.start()
+            time.sleep(0.3)
+        assert not {"late", "urgent"} & set(first_token), "both must wait for the long request's room"
+        for t in [long, *waiting]:
+            t.join(timeout=180)
+        assert sorted(first_token, key=first_token.get) == ["long", "urgent", "late"]
+        assert_no_leaks(st)
