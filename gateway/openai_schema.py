@@ -417,8 +417,8 @@ def chat_request(body: dict, tool_parser: str | None = None) -> gateway_pb2.Gene
     if wanted is not None:
         asked = _structured_output(body)
         if asked is not None:
-            what = "a named function" if choice.mode == "named" else '"required"'
-            raise bad("tool_choice", f"{what} constrains the output: not with {asked[0]}")
+            what = {"named": "a named function", "required": '"required"', "auto": '"auto" with strict tools'}
+            raise bad("tool_choice", f"{what[choice.mode]} constrains the output: not with {asked[0]}")
         req.sampling.structured_output.CopyFrom(wanted)
     return req
 

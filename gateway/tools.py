@@ -11,7 +11,8 @@ this module maps OpenAI's parameters onto those and reads the calls back out of 
   --tool-call-parser reads its calls out of the text (`hermes`: <tool_call>{...}</tool_call>
   blocks after any text, Qwen2.5/3 and Hermes models; `llama3_json`: an answer that is one or
   more {"name", "parameters"} objects, Llama 3.1/3.2); without a parser "auto" is refused by
-  name, as vLLM does (the calls could not be told from text);
+  name, as vLLM does (the calls could not be told from text); with a tool marked strict, the
+  calls in the text are constrained to the tools (a grammar: free text, then calls);
 - "none": the tools reach the template, the text is the answer.
 
 A call's arguments are JSON text. Text the parser cannot read as calls stays the answer's content.
@@ -43,6 +44,7 @@ class ToolChoice:
     name: str = ""
     parallel: bool = True
     parser: str = "hermes"
+    strict: frozenset[str] = frozenset()  # the tools marked strict: "auto" constrains their calls
 
 
 def parse_tools(body: dict) -> list[gateway_pb2.Tool]:
@@ -103,15 +105,20 @@ def parse_choice(body: dict, tools: list[gateway_pb2.Tool], parser: str | None) 
     if value == "auto" and parser is None:
         raise bad("tool_choice", f'"auto" needs a gateway started with --tool-call-parser ({", ".join(PARSERS)}); '
                                   'ask for "required", a named function or "none", or give no tools')
-    return ToolChoice(value, "", parallel is not False, parser or "hermes")
+    strict = frozenset(item["function"]["name"] for item in body.get("tools") or () if item["function"].get("strict"))
+    return ToolChoice(value, "", parallel is not False, parser or "hermes", strict if value == "auto" else frozenset())
 
 
 def guide(choice: ToolChoice, tools: list[gateway_pb2.Tool]) -> gateway_pb2.StructuredOutput | None:
-    """The structured output a choice needs: a named function's parameters, or for "required" an
-    array of calls of the tools; None for "auto" and "none"."""
+    """The structured output a choice needs: a named function's parameters, for "required" an
+    array of calls of the tools, for "auto" with strict tools free text whose calls are calls of
+    the tools (a strict tool's arguments its schema's); None for "none" and plain "auto"."""
     schemas = {t.name: json.loads(t.parameters) if t.parameters else {"type": "object"} for t in tools}
     if choice.mode == "named":
         return gateway_pb2.StructuredOutput(json_schema=json.dumps(schemas[choice.name]))
+    if choice.mode == "auto" and choice.strict:
+        return gateway_pb2.StructuredOutput(grammar=_auto_grammar(choice, {
+            n: s if n in choice.strict else {"type": "object"} for n, s in schemas.items()}))
     if choice.mode != "required":
         return None
     call = [{"type": "object", "properties": {"name": {"const": n}, "parameters": s},
@@ -120,6 +127,26 @@ def guide(choice: ToolChoice, tools: list[gateway_pb2.Tool]) -> gateway_pb2.Stru
     if not choice.parallel:
         array["maxItems"] = 1
     return gateway_pb2.StructuredOutput(json_schema=json.dumps(array))
+
+
+def _auto_grammar(choice: ToolChoice, schemas: dict[str, dict]) -> str:
+    """A Lark grammar (llguidance's) of an "auto" answer in the parser's format: any text, and
+    where a call begins (Hermes: its tag; Llama: a "{" that opens the answer) a call of one of the
+    tools with arguments its schema allows; one call at most without parallel calls."""
+    key = "arguments" if choice.parser == "hermes" else "parameters"
+    compact = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
+    call = json.dumps({"x-guidance": compact, "anyOf": [
+        {"type": "object", "properties": {"name": {"const": n}, key: s}, "required": ["name", key],
+         "additionalProperties": False} for n, s in schemas.items()]})
+    if choice.parser == "llama3_json":
+        more = '(";" " "? call)*' if choice.parallel else ""
+        return (f'start: TEXT | WS call {more}\nWS: /[ \\t\\n]*/\n'
+                f'TEXT: /[ \\t\\n]*([^{{ \\t\\n](.|\\n)*)?/\ncall: %json {call}\n')
+    many = "*" if choice.parallel else "?"
+    # The text after the calls cannot hold the tag: a call is only ever one of the tools'.
+    return (f'start: (head call){many} TAIL\nhead[lazy]: TEXT "{HERMES_OPEN}"\n'
+            f'call: "\\n"? %json {call} "\\n"? "{HERMES_CLOSE}"\nTEXT: /(.|\\n)*/\n'
+            f'TAIL: /(?s:.*)/ & ~/(?s:.*){HERMES_OPEN}(?s:.*)/\n')
 
 
 def _call(index: int, name: str, arguments: str) -> dict:

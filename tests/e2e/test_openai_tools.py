@@ -111,6 +111,8 @@ def test_auto_reads_the_calls_the_model_writes(client):
     assert whole == ("Let me check. ", [("get_weather", '{"city": "Paris"}')], "tool_calls")
     assert ask(client, stream=True, tool_choice="auto", extra_body=forced) == whole
     content, calls, finish = ask(client, max_tokens=8)  # tools, no tool_choice: "auto"; the model answers in words
+    strict = [{**TOOLS[0], "function": {**TOOLS[0]["function"], "strict": True}}, TOOLS[1]]
+    assert ask(client, max_tokens=8, tools=strict) == (content, calls, finish)  # the grammar allows what it wrote
     assert calls == [] and finish == "length" and content
 
 

@@ -102,6 +102,45 @@ def test_the_guides_compile(default_model_dir):
         compiler.check(Guide(GuideKind.JSON, guide(choice, tools).json_schema))
 
 
+STRICT = {**WEATHER, "function": {**WEATHER["function"], "strict": True}}
+
+
+@pytest.mark.parametrize("parser, parallel", [("hermes", True), ("hermes", False), ("llama3_json", True),
+                                              ("llama3_json", False)])
+def test_auto_with_strict_tools_constrains_the_calls_only(default_model_dir, parser, parallel):
+    """"auto" with a strict tool: free text, and where a call begins (the parser's format) a call
+    of one of the tools whose arguments (a strict one's) follow its schema; at most one call
+    without parallel calls. Without strict tools "auto" is free."""
+    from gateway.tokenizer import load_tokenizer
+    from pdserve.core.sampling import Guide, GuideKind
+    from pdserve.guided import GuideCompiler
+    from pdserve.model.spec import ModelSpec
+
+    body = {**CHAT, "tools": [STRICT, TIME], "parallel_tool_calls": parallel}
+    req = chat_request(body, parser)
+    assert tool_choice(body, req, parser).strict == {"get_weather"}
+    assert not chat_request({**CHAT, "tool_choice": "auto"}, parser).sampling.HasField("structured_output")
+    compiler = GuideCompiler.for_model(default_model_dir, ModelSpec.from_dir(default_model_dir).eos_token_ids)
+    tok, eos = load_tokenizer(default_model_dir), ModelSpec.from_dir(default_model_dir).eos_token_ids
+
+    def whole(text: str) -> bool:  # the answer may be this text and end
+        g = compiler.new(Guide(GuideKind.GRAMMAR, req.sampling.structured_output.grammar))
+        ok = all(g.accept(t) for t in tok.encode(text, add_special_tokens=False))
+        mask = g.allowed()
+        return ok and all(mask[t // 8] >> (t % 8) & 1 for t in eos)
+
+    key = "arguments" if parser == "hermes" else "parameters"
+    call = lambda args, name="get_weather": json.dumps({"name": name, key: args})  # noqa: E731
+    shown = (lambda c: f"<tool_call>\n{c}\n</tool_call>") if parser == "hermes" else (lambda c: c)
+    two = shown(call({"city": "Paris"})) + ("" if parser == "hermes" else "; ") + shown(call({"tz": 1}, "get_time"))
+    assert whole("Paris is sunny today.") and whole("") and whole(shown(call({"city": "Paris"})))
+    assert whole(two) is parallel
+    assert not whole(shown(call({"town": "Paris"}))) and not whole(shown(call({}, "nope")))
+    with pytest.raises(GatewayError) as err:
+        chat_request({**body, "response_format": {"type": "json_object"}}, parser)
+    assert err.value.field == "tool_choice" and "strict" in str(err.value)
+
+
 @pytest.mark.parametrize("text, content, calls", [
     (CALL, None, [("get_weather", {"city": "Paris"})]),
     ("Let me look.\n" + CALL, "Let me look.\n", [("get_weather", {"city": "Paris"})]),
