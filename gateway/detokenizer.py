@@ -159,7 +159,9 @@ def _byte_level_chars() -> dict[int, str]:
     return {**{b: chr(b) for b in kept}, **{b: chr(256 + i) for i, b in enumerate(moved)}}
 
 
-def make_detokenizer(tokenizer: Tokenizer, prompt_ids: Iterable[int],
-                     table: ByteTable | None) -> IncrementalDetokenizer | ByteLevelDetokenizer:
+def make_detokenizer(tokenizer: Tokenizer, prompt_ids: Iterable[int], table: ByteTable | None,
+                     skip_special_tokens: bool = True) -> IncrementalDetokenizer | ByteLevelDetokenizer:
     """The byte-wise detokenizer when the tokenizer has a ByteTable, else the windowed one."""
-    return ByteLevelDetokenizer(table) if table is not None else IncrementalDetokenizer(tokenizer, prompt_ids)
+    if table is not None:
+        return ByteLevelDetokenizer(table, skip_special_tokens=skip_special_tokens)
+    return IncrementalDetokenizer(tokenizer, prompt_ids, skip_special_tokens=skip_special_tokens)

@@ -95,8 +95,11 @@ class TextAssembler:
     """Token batches in, Chunk messages out: incremental text, stop strings, counts, finish."""
 
     def __init__(self, tokenizer: Tokenizer, prompt: list[int], params: SamplingParams,
-                 table: ByteTable | None = None) -> None:
-        self.detok = make_detokenizer(tokenizer, prompt, table)
+                 table: ByteTable | None = None, text: gateway_pb2.SamplingParams | None = None) -> None:
+        """`text`: the request's options for its text (skip_special_tokens, include_stop_str_in_output)."""
+        skip = text is None or not text.HasField("skip_special_tokens") or text.skip_special_tokens
+        self.detok = make_detokenizer(tokenizer, prompt, table, skip_special_tokens=skip)
+        self.keep_stop = text is not None and text.include_stop_str_in_output
         self.prompt = prompt if params.prompt_logprobs is not None else None  # sent once, first chunk
         self.stops = StopChecker(params.stop)
         self.generated, self.finish, self.matched = 0, "abort", None
@@ -113,6 +116,7 @@ class TextAssembler:
             text += tail if self.matched else tail + self.stops.flush()
         if self.matched is not None:
             self.finish = "stop"
+            text += self.matched if self.keep_stop else ""
         elif why is not None:
             self.finish = why
         resp = gateway_pb2.GenerateResponse()  # filled in place: no Chunk built and then copied
@@ -198,6 +202,7 @@ class Generation:
                 ids = encode_prompt(self.tokenizer, token_ids=list(req.token_ids.ids))
             else:
                 raise ValidationError("input", "set one of text, chat or token_ids")
+            ids = _truncated(ids, req.sampling, self.model.max_model_len)
             if fill_max_tokens and not req.sampling.HasField("max_tokens"):
                 rest = max(1, self.model.max_model_len - len(ids))
                 params = dataclasses.replace(params, max_tokens=min(rest, self.defaults.get("max_tokens", rest)))
@@ -237,7 +242,7 @@ class Generation:
         await self._check_guide(request, params)
         with self.admission.enter() as ticket:
             job = flow.Job(rid, prompt, sampling_to_wire(params), self._first_finishes(prompt, params))
-            text = TextAssembler(self.tokenizer, prompt, params, self.byte_table)
+            text = TextAssembler(self.tokenizer, prompt, params, self.byte_table, request.sampling)
             try:
                 async with contextlib.aclosing(flow.run(job, self.router, deadline)) as tokens:
                     async for batch in tokens:
@@ -260,6 +265,18 @@ class Generation:
             return None if why is None else why.value
 
         return check
+
+
+def _truncated(ids: list[int], s: gateway_pb2.SamplingParams, max_model_len: int) -> list[int]:
+    """vLLM's truncate_prompt_tokens: the prompt's last N tokens (-1: max_model_len - 1)."""
+    if not s.HasField("truncate_prompt_tokens"):
+        return ids
+    n = s.truncate_prompt_tokens
+    if n == -1:
+        n = max_model_len - 1
+    if n < 1:
+        raise ValidationError("sampling.truncate_prompt_tokens", f"must be >= 1 or -1, got {s.truncate_prompt_tokens}")
+    return ids[-n:]
 
 
 def _public_logprobs(lp, out: gateway_pb2.TokenLogprobs) -> None:

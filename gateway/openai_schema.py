@@ -43,7 +43,8 @@ from pdserve.proto import gateway_pb2
 FINISH_NAMES = {gateway_pb2.FINISH_REASON_STOP: "stop", gateway_pb2.FINISH_REASON_LENGTH: "length",
                 gateway_pb2.FINISH_REASON_ABORT: "abort"}
 MAX_CHOICES = 128  # prompts x n in one request: each choice is a generation of its own
-NUMBERS = {"temperature": float, "top_p": float, "top_k": int, "seed": int, "max_tokens": int, "min_tokens": int,
+FLAGS = ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output")  # vLLM's booleans
+NUMBERS = {"truncate_prompt_tokens": int, "temperature": float, "top_p": float, "top_k": int, "seed": int, "max_tokens": int, "min_tokens": int,
            "presence_penalty": float, "frequency_penalty": float, "repetition_penalty": float, "min_p": float}
 # Parameters this server does not implement, with the values that ask for nothing (accepted as
 # if absent). Anything else is refused by name rather than ignored: a body asking for tools or a
@@ -53,6 +54,9 @@ UNSUPPORTED: dict[str, tuple] = {
     "suffix": ("",), "tools": ([],), "functions": ([],),
     "tool_choice": ("none", "auto"), "function_call": ("none", "auto"),
     "chat_template": (),  # a request's own template (vLLM's): the gateway's --chat-template only
+    # vLLM's sampling extras not implemented, accepted only as their do-nothing values
+    "allowed_token_ids": ([],), "bad_words": ([],), "use_beam_search": (False,), "length_penalty": (1, 1.0),
+    "spaces_between_special_tokens": (True,), "return_tokens_as_token_ids": (False,),
 }
 # The parameters that ask for structured output, in the order a conflict between them is told.
 STRUCTURED = ("response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
@@ -127,10 +131,11 @@ def sampling(body: dict, chat: bool) -> gateway_pb2.SamplingParams:
     if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
         raise bad("stop_token_ids", "must be a list of integers")
     s.stop_token_ids.extend(ids)
-    if body.get("ignore_eos") is not None:
-        if not isinstance(body["ignore_eos"], bool):
-            raise bad("ignore_eos", "must be a boolean")
-        s.ignore_eos = body["ignore_eos"]
+    for name in FLAGS:
+        if body.get(name) is not None:
+            if not isinstance(body[name], bool):
+                raise bad(name, "must be a boolean")
+            setattr(s, name, body[name])
     for token, bias in _logit_bias(body.get("logit_bias")).items():
         s.logit_bias[token] = bias
     logprobs = _chat_logprobs(body) if chat else _completion_logprobs(body)

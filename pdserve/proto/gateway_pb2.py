@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18pdserve/v1/gateway.proto\x12\npdserve.v1\"7\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\targuments\x18\x03 \x01(\t\"z\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12(\n\ntool_calls\x18\x03 \x03(\x0b\x32\x14.pdserve.v1.ToolCall\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\x12\x0c\n\x04name\x18\x05 \x01(\t\"=\n\x04Tool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x12\n\nparameters\x18\x03 \x01(\t\"\xd1\x01\n\x0c\x43hatMessages\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.pdserve.v1.ChatMessage\x12\x1f\n\x05tools\x18\x02 \x03(\x0b\x32\x10.pdserve.v1.Tool\x12\x17\n\x0ftemplate_kwargs\x18\x03 \x01(\t\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x04 \x01(\x08H\x00\x88\x01\x01\x12\x1e\n\x16\x63ontinue_final_message\x18\x05 \x01(\x08\x42\x18\n\x16_add_generation_prompt\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x03\"\xf0\x05\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_k\x18\x03 \x01(\x05H\x02\x88\x01\x01\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x03\x88\x01\x01\x12\x17\n\nmax_tokens\x18\x05 \x01(\x05H\x04\x88\x01\x01\x12\x17\n\nmin_tokens\x18\x06 \x01(\x05H\x05\x88\x01\x01\x12\x0c\n\x04stop\x18\x07 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x08 \x03(\x03\x12\x17\n\nignore_eos\x18\t \x01(\x08H\x06\x88\x01\x01\x12\x15\n\x08logprobs\x18\n \x01(\x05H\x07\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x0b \x01(\x02H\x08\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x0c \x01(\x02H\t\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\r \x01(\x02H\n\x88\x01\x01\x12\x12\n\x05min_p\x18\x0e \x01(\x02H\x0b\x88\x01\x01\x12=\n\nlogit_bias\x18\x0f \x03(\x0b\x32).pdserve.v1.SamplingParams.LogitBiasEntry\x12\x1c\n\x0fprompt_logprobs\x18\x10 \x01(\x05H\x0c\x88\x01\x01\x12\x37\n\x11structured_output\x18\x11 \x01(\x0b\x32\x1c.pdserve.v1.StructuredOutput\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x03\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seedB\r\n\x0b_max_tokensB\r\n\x0b_min_tokensB\r\n\x0b_ignore_eosB\x0b\n\t_logprobsB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x15\n\x13_repetition_penaltyB\x08\n\x06_min_pB\x12\n\x10_prompt_logprobs\"\xa6\x01\n\x10StructuredOutput\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\x02 \x01(\x08H\x00\x12\x0f\n\x05regex\x18\x03 \x01(\tH\x00\x12%\n\x06\x63hoice\x18\x04 \x01(\x0b\x32\x13.pdserve.v1.ChoicesH\x00\x12\x11\n\x07grammar\x18\x05 \x01(\tH\x00\x12\x11\n\treasoning\x18\x06 \x01(\tB\x06\n\x04kind\"\x1a\n\x07\x43hoices\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\t\"\xce\x01\n\x0fGenerateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12(\n\x04\x63hat\x18\x03 \x01(\x0b\x32\x18.pdserve.v1.ChatMessagesH\x00\x12)\n\ttoken_ids\x18\x04 \x01(\x0b\x32\x14.pdserve.v1.TokenIdsH\x00\x12,\n\x08sampling\x18\x05 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\x10\n\x08priority\x18\x06 \x01(\x05\x42\x07\n\x05input\"i\n\rTokenLogprobs\x12\x0f\n\x07logprob\x18\x01 \x01(\x02\x12\x15\n\rtop_token_ids\x18\x02 \x03(\x03\x12\x14\n\x0ctop_logprobs\x18\x03 \x03(\x02\x12\x11\n\x04rank\x18\x04 \x01(\x03H\x00\x88\x01\x01\x42\x07\n\x05_rank\"\xa3\x01\n\x05\x43hunk\x12\x11\n\ttoken_ids\x18\x01 \x03(\x03\x12\x0c\n\x04text\x18\x02 \x01(\t\x12+\n\x08logprobs\x18\x03 \x03(\x0b\x32\x19.pdserve.v1.TokenLogprobs\x12\x18\n\x10prompt_token_ids\x18\x04 \x03(\x03\x12\x32\n\x0fprompt_logprobs\x18\x05 \x03(\x0b\x32\x19.pdserve.v1.TokenLogprobs\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\"\xac\x01\n\x08\x43omplete\x12/\n\rfinish_reason\x18\x01 \x01(\x0e\x32\x18.pdserve.v1.FinishReason\x12\x15\n\x0bstop_string\x18\x02 \x01(\tH\x00\x12\x17\n\rstop_token_id\x18\x03 \x01(\x03H\x00\x12 \n\x05usage\x18\x04 \x01(\x0b\x32\x11.pdserve.v1.Usage\x12\x12\n\nrequest_id\x18\x05 \x01(\tB\t\n\x07matched\"h\n\x10GenerateResponse\x12\"\n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x11.pdserve.v1.ChunkH\x00\x12(\n\x08\x63omplete\x18\x02 \x01(\x0b\x32\x14.pdserve.v1.CompleteH\x00\x42\x06\n\x04kind\"\x13\n\x11ListModelsRequest\".\n\tModelInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\";\n\x12ListModelsResponse\x12%\n\x06models\x18\x01 \x03(\x0b\x32\x15.pdserve.v1.ModelInfo*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x32\x9f\x01\n\x07Gateway\x12G\n\x08Generate\x12\x1b.pdserve.v1.GenerateRequest\x1a\x1c.pdserve.v1.GenerateResponse0\x01\x12K\n\nListModels\x12\x1d.pdserve.v1.ListModelsRequest\x1a\x1e.pdserve.v1.ListModelsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18pdserve/v1/gateway.proto\x12\npdserve.v1\"7\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\targuments\x18\x03 \x01(\t\"z\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12(\n\ntool_calls\x18\x03 \x03(\x0b\x32\x14.pdserve.v1.ToolCall\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\x12\x0c\n\x04name\x18\x05 \x01(\t\"=\n\x04Tool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x12\n\nparameters\x18\x03 \x01(\t\"\xd1\x01\n\x0c\x43hatMessages\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.pdserve.v1.ChatMessage\x12\x1f\n\x05tools\x18\x02 \x03(\x0b\x32\x10.pdserve.v1.Tool\x12\x17\n\x0ftemplate_kwargs\x18\x03 \x01(\t\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x04 \x01(\x08H\x00\x88\x01\x01\x12\x1e\n\x16\x63ontinue_final_message\x18\x05 \x01(\x08\x42\x18\n\x16_add_generation_prompt\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x03\"\xb2\x07\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_k\x18\x03 \x01(\x05H\x02\x88\x01\x01\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x03\x88\x01\x01\x12\x17\n\nmax_tokens\x18\x05 \x01(\x05H\x04\x88\x01\x01\x12\x17\n\nmin_tokens\x18\x06 \x01(\x05H\x05\x88\x01\x01\x12\x0c\n\x04stop\x18\x07 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x08 \x03(\x03\x12\x17\n\nignore_eos\x18\t \x01(\x08H\x06\x88\x01\x01\x12\x15\n\x08logprobs\x18\n \x01(\x05H\x07\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x0b \x01(\x02H\x08\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x0c \x01(\x02H\t\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\r \x01(\x02H\n\x88\x01\x01\x12\x12\n\x05min_p\x18\x0e \x01(\x02H\x0b\x88\x01\x01\x12=\n\nlogit_bias\x18\x0f \x03(\x0b\x32).pdserve.v1.SamplingParams.LogitBiasEntry\x12\x1c\n\x0fprompt_logprobs\x18\x10 \x01(\x05H\x0c\x88\x01\x01\x12\x37\n\x11structured_output\x18\x11 \x01(\x0b\x32\x1c.pdserve.v1.StructuredOutput\x12 \n\x13skip_special_tokens\x18\x12 \x01(\x08H\r\x88\x01\x01\x12\'\n\x1ainclude_stop_str_in_output\x18\x13 \x01(\x08H\x0e\x88\x01\x01\x12#\n\x16truncate_prompt_tokens\x18\x14 \x01(\x05H\x0f\x88\x01\x01\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x03\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seedB\r\n\x0b_max_tokensB\r\n\x0b_min_tokensB\r\n\x0b_ignore_eosB\x0b\n\t_logprobsB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x15\n\x13_repetition_penaltyB\x08\n\x06_min_pB\x12\n\x10_prompt_logprobsB\x16\n\x14_skip_special_tokensB\x1d\n\x1b_include_stop_str_in_outputB\x19\n\x17_truncate_prompt_tokens\"\xa6\x01\n\x10StructuredOutput\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\x02 \x01(\x08H\x00\x12\x0f\n\x05regex\x18\x03 \x01(\tH\x00\x12%\n\x06\x63hoice\x18\x04 \x01(\x0b\x32\x13.pdserve.v1.ChoicesH\x00\x12\x11\n\x07grammar\x18\x05 \x01(\tH\x00\x12\x11\n\treasoning\x18\x06 \x01(\tB\x06\n\x04kind\"\x1a\n\x07\x43hoices\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\t\"\xce\x01\n\x0fGenerateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12(\n\x04\x63hat\x18\x03 \x01(\x0b\x32\x18.pdserve.v1.ChatMessagesH\x00\x12)\n\ttoken_ids\x18\x04 \x01(\x0b\x32\x14.pdserve.v1.TokenIdsH\x00\x12,\n\x08sampling\x18\x05 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\x10\n\x08priority\x18\x06 \x01(\x05\x42\x07\n\x05input\"i\n\rTokenLogprobs\x12\x0f\n\x07logprob\x18\x01 \x01(\x02\x12\x15\n\rtop_token_ids\x18\x02 \x03(\x03\x12\x14\n\x0ctop_logprobs\x18\x03 \x03(\x02\x12\x11\n\x04rank\x18\x04 \x01(\x03H\x00\x88\x01\x01\x42\x07\n\x05_rank\"\xa3\x01\n\x05\x43hunk\x12\x11\n\ttoken_ids\x18\x01 \x03(\x03\x12\x0c\n\x04text\x18\x02 \x01(\t\x12+\n\x08logprobs\x18\x03 \x03(\x0b\x32\x19.pdserve.v1.TokenLogprobs\x12\x18\n\x10prompt_token_ids\x18\x04 \x03(\x03\x12\x32\n\x0fprompt_logprobs\x18\x05 \x03(\x0b\x32\x19.pdserve.v1.TokenLogprobs\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\"\xac\x01\n\x08\x43omplete\x12/\n\rfinish_reason\x18\x01 \x01(\x0e\x32\x18.pdserve.v1.FinishReason\x12\x15\n\x0bstop_string\x18\x02 \x01(\tH\x00\x12\x17\n\rstop_token_id\x18\x03 \x01(\x03H\x00\x12 \n\x05usage\x18\x04 \x01(\x0b\x32\x11.pdserve.v1.Usage\x12\x12\n\nrequest_id\x18\x05 \x01(\tB\t\n\x07matched\"h\n\x10GenerateResponse\x12\"\n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x11.pdserve.v1.ChunkH\x00\x12(\n\x08\x63omplete\x18\x02 \x01(\x0b\x32\x14.pdserve.v1.CompleteH\x00\x42\x06\n\x04kind\"\x13\n\x11ListModelsRequest\".\n\tModelInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\";\n\x12ListModelsResponse\x12%\n\x06models\x18\x01 \x03(\x0b\x32\x15.pdserve.v1.ModelInfo*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x32\x9f\x01\n\x07Gateway\x12G\n\x08Generate\x12\x1b.pdserve.v1.GenerateRequest\x1a\x1c.pdserve.v1.GenerateResponse0\x01\x12K\n\nListModels\x12\x1d.pdserve.v1.ListModelsRequest\x1a\x1e.pdserve.v1.ListModelsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,8 +33,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
-  _globals['_FINISHREASON']._serialized_start=2425
-  _globals['_FINISHREASON']._serialized_end=2545
+  _globals['_FINISHREASON']._serialized_start=2619
+  _globals['_FINISHREASON']._serialized_end=2739
   _globals['_TOOLCALL']._serialized_start=40
   _globals['_TOOLCALL']._serialized_end=95
   _globals['_CHATMESSAGE']._serialized_start=97
@@ -46,31 +46,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOKENIDS']._serialized_start=496
   _globals['_TOKENIDS']._serialized_end=519
   _globals['_SAMPLINGPARAMS']._serialized_start=522
-  _globals['_SAMPLINGPARAMS']._serialized_end=1274
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=1027
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=1075
-  _globals['_STRUCTUREDOUTPUT']._serialized_start=1277
-  _globals['_STRUCTUREDOUTPUT']._serialized_end=1443
-  _globals['_CHOICES']._serialized_start=1445
-  _globals['_CHOICES']._serialized_end=1471
-  _globals['_GENERATEREQUEST']._serialized_start=1474
-  _globals['_GENERATEREQUEST']._serialized_end=1680
-  _globals['_TOKENLOGPROBS']._serialized_start=1682
-  _globals['_TOKENLOGPROBS']._serialized_end=1787
-  _globals['_CHUNK']._serialized_start=1790
-  _globals['_CHUNK']._serialized_end=1953
-  _globals['_USAGE']._serialized_start=1955
-  _globals['_USAGE']._serialized_end=2012
-  _globals['_COMPLETE']._serialized_start=2015
-  _globals['_COMPLETE']._serialized_end=2187
-  _globals['_GENERATERESPONSE']._serialized_start=2189
-  _globals['_GENERATERESPONSE']._serialized_end=2293
-  _globals['_LISTMODELSREQUEST']._serialized_start=2295
-  _globals['_LISTMODELSREQUEST']._serialized_end=2314
-  _globals['_MODELINFO']._serialized_start=2316
-  _globals['_MODELINFO']._serialized_end=2362
-  _globals['_LISTMODELSRESPONSE']._serialized_start=2364
-  _globals['_LISTMODELSRESPONSE']._serialized_end=2423
-  _globals['_GATEWAY']._serialized_start=2548
-  _globals['_GATEWAY']._serialized_end=2707
+  _globals['_SAMPLINGPARAMS']._serialized_end=1468
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=1139
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=1187
+  _globals['_STRUCTUREDOUTPUT']._serialized_start=1471
+  _globals['_STRUCTUREDOUTPUT']._serialized_end=1637
+  _globals['_CHOICES']._serialized_start=1639
+  _globals['_CHOICES']._serialized_end=1665
+  _globals['_GENERATEREQUEST']._serialized_start=1668
+  _globals['_GENERATEREQUEST']._serialized_end=1874
+  _globals['_TOKENLOGPROBS']._serialized_start=1876
+  _globals['_TOKENLOGPROBS']._serialized_end=1981
+  _globals['_CHUNK']._serialized_start=1984
+  _globals['_CHUNK']._serialized_end=2147
+  _globals['_USAGE']._serialized_start=2149
+  _globals['_USAGE']._serialized_end=2206
+  _globals['_COMPLETE']._serialized_start=2209
+  _globals['_COMPLETE']._serialized_end=2381
+  _globals['_GENERATERESPONSE']._serialized_start=2383
+  _globals['_GENERATERESPONSE']._serialized_end=2487
+  _globals['_LISTMODELSREQUEST']._serialized_start=2489
+  _globals['_LISTMODELSREQUEST']._serialized_end=2508
+  _globals['_MODELINFO']._serialized_start=2510
+  _globals['_MODELINFO']._serialized_end=2556
+  _globals['_LISTMODELSRESPONSE']._serialized_start=2558
+  _globals['_LISTMODELSRESPONSE']._serialized_end=2617
+  _globals['_GATEWAY']._serialized_start=2742
+  _globals['_GATEWAY']._serialized_end=2901
 # @@protoc_insertion_point(module_scope)

@@ -480,3 +480,25 @@ def test_tokenize_and_detokenize_as_vllm(http, client, words):
         status, err = _post(root + path, body)
         assert status == 400 and err["error"]["param"] == param, (path, body, err)
     assert _post(root + "/tokenize", {"model": "nope", "prompt": "a"})[0] == 404
+
+
+def test_vllm_text_options(client):
+    """vLLM's include_stop_str_in_output, skip_special_tokens and truncate_prompt_tokens; its
+    sampling extras this server lacks are refused by name unless they ask for nothing."""
+    kw = dict(model="", prompt="The quick brown fox jumps over the lazy dog and", max_tokens=30, temperature=0)
+    plain = client.completions.create(**kw, stop=[" "]).choices[0]
+    kept = client.completions.create(**kw, stop=[" "], extra_body={"include_stop_str_in_output": True}).choices[0]
+    assert plain.finish_reason == kept.finish_reason == "stop" and kept.text == plain.text + " "
+    forced = dict(model="", prompt="Hi", max_tokens=2, temperature=0, logit_bias={"1": 100},  # <|im_start|>
+                  extra_body={"ignore_eos": True})
+    assert client.completions.create(**forced).choices[0].text == ""
+    shown = client.completions.create(**{**forced, "extra_body": {"ignore_eos": True, "skip_special_tokens": False}})
+    assert shown.choices[0].text == "<|im_start|><|im_start|>"
+    long = client.completions.create(**kw, extra_body={"truncate_prompt_tokens": 4})
+    assert long.usage.prompt_tokens == 4
+    for extra, param in (({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"), ({"allowed_token_ids": [5]}, "allowed_token_ids"),
+                         ({"use_beam_search": True}, "use_beam_search"), ({"skip_special_tokens": "no"}, "skip_special_tokens")):
+        with pytest.raises(openai.BadRequestError) as err:
+            client.completions.create(**kw, extra_body=extra)
+        assert err.value.body["param"] == param, err.value.body
+    assert client.completions.create(**kw, extra_body={"use_beam_search": False, "bad_words": []}).choices[0].text
