@@ -183,6 +183,8 @@ class OpenAIServer:
                 opts = body.get("stream_options") or {}
                 if not isinstance(opts, dict) or not isinstance(opts.get("include_usage", False), bool):
                     raise schema.bad("stream_options", "must be an object like {\"include_usage\": true}")
+                if opts.get("continuous_usage_stats") not in (None, False):  # vLLM's: usage on every chunk
+                    raise schema.bad("stream_options.continuous_usage_stats", "is not supported by this server")
                 include_usage = opts.get("include_usage", False)
                 rid = uuid.uuid4().hex
                 streams = [await self._start(closing, request, r, uuid.uuid4().hex if i else rid, fill_max_tokens=chat)

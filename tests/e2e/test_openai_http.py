@@ -502,3 +502,6 @@ def test_vllm_text_options(client):
             client.completions.create(**kw, extra_body=extra)
         assert err.value.body["param"] == param, err.value.body
     assert client.completions.create(**kw, extra_body={"use_beam_search": False, "bad_words": []}).choices[0].text
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(**kw, stream=True, stream_options={"include_usage": True, "continuous_usage_stats": True})
+    assert err.value.body["param"] == "stream_options.continuous_usage_stats"
