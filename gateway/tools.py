@@ -10,8 +10,9 @@ this module maps OpenAI's parameters onto those and reads the calls back out of 
 - "auto" (the default when tools are given): the model writes freely and the gateway's
   --tool-call-parser reads its calls out of the text (`hermes`: <tool_call>{...}</tool_call>
   blocks after any text, Qwen2.5/3 and Hermes models; `llama3_json`: an answer that is one or
-  more {"name", "parameters"} objects, Llama 3.1/3.2); without a parser "auto" is refused by
-  name, as vLLM does (the calls could not be told from text); with a tool marked strict, the
+  more {"name", "parameters"} objects, Llama 3.1/3.2; `mistral`: an answer that is a JSON array
+  of {"name", "arguments"} objects, maybe after [TOOL_CALLS], Mistral); without a parser "auto"
+  is refused by name, as vLLM does (the calls could not be told from text); with a tool marked strict, the
   calls in the text are constrained to the tools (a grammar: free text, then calls);
 - "none": the tools reach the template, the text is the answer.
 
@@ -30,9 +31,12 @@ from gateway.errors import bad
 from gateway.stops import tag_start
 from pdserve.proto import gateway_pb2
 
-PARSERS = ("hermes", "llama3_json")
+PARSERS = ("hermes", "llama3_json", "mistral")
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 PYTHON_TAG = "<|python_tag|>"  # Llama 3.1 may open its JSON calls with it (a special token, often skipped)
+MISTRAL_TAG = "[TOOL_CALLS]"  # Mistral opens its array of calls with it (a control token, skipped in the text)
+# Parsers whose calls are the whole answer: what opens them (the first text character, or the tag).
+OPENERS = {"llama3_json": ("{", PYTHON_TAG), "mistral": ("[", MISTRAL_TAG)}
 
 
 @dataclass(frozen=True)
@@ -133,7 +137,7 @@ def _auto_grammar(choice: ToolChoice, schemas: dict[str, dict]) -> str:
     """A Lark grammar (llguidance's) of an "auto" answer in the parser's format: any text, and
     where a call begins (Hermes: its tag; Llama: a "{" that opens the answer) a call of one of the
     tools with arguments its schema allows; one call at most without parallel calls."""
-    key = "arguments" if choice.parser == "hermes" else "parameters"
+    key = "parameters" if choice.parser == "llama3_json" else "arguments"
     compact = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
     call = json.dumps({"x-guidance": compact, "anyOf": [
         {"type": "object", "properties": {"name": {"const": n}, key: s}, "required": ["name", key],
@@ -142,6 +146,10 @@ def _auto_grammar(choice: ToolChoice, schemas: dict[str, dict]) -> str:
         more = '(";" " "? call)*' if choice.parallel else ""
         return (f'start: TEXT | WS call {more}\nWS: /[ \\t\\n]*/\n'
                 f'TEXT: /[ \\t\\n]*([^{{ \\t\\n](.|\\n)*)?/\ncall: %json {call}\n')
+    if choice.parser == "mistral":
+        more = '("," " "? call)*' if choice.parallel else ""
+        return (f'start: TEXT | WS ("{MISTRAL_TAG}" WS)? "[" call {more} "]"\nWS: /[ \\t\\n]*/\n'
+                f'TEXT: /[ \\t\\n]*([^\\[ \\t\\n](.|\\n)*)?/\ncall: %json {call}\n')
     many = "*" if choice.parallel else "?"
     # The text after the calls cannot hold the tag: a call is only ever one of the tools'.
     return (f'start: (head call){many} TAIL\nhead[lazy]: TEXT "{HERMES_OPEN}"\n'
@@ -169,7 +177,7 @@ def read_calls(choice: ToolChoice, text: str) -> tuple[str | None, list[dict]] |
             return None
         return None, [_call(i, c["name"], json.dumps(c["parameters"])) for i, c in enumerate(items)]
     if choice.mode == "auto":
-        return _llama3_json(text) if choice.parser == "llama3_json" else _hermes(text)
+        return {"llama3_json": _llama3_json, "mistral": _mistral}.get(choice.parser, _hermes)(text)
     return None
 
 
@@ -210,17 +218,34 @@ def _llama3_json(text: str) -> tuple[str | None, list[dict]] | None:
     return (None, calls) if calls else None
 
 
+def _mistral(text: str) -> tuple[str | None, list[dict]] | None:
+    """Mistral's calls: the whole answer is a JSON array of {"name": ..., "arguments": {...}},
+    maybe after [TOOL_CALLS]; anything else is text."""
+    try:
+        items = json.loads(text.strip().removeprefix(MISTRAL_TAG))
+    except ValueError:
+        return None
+    calls = []
+    for item in items if isinstance(items, list) else [None]:
+        args = item.get("arguments", {}) if isinstance(item, dict) else None
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str) or not isinstance(args, (dict, str)):
+            return None
+        calls.append(_call(len(calls), item["name"], args if isinstance(args, str) else json.dumps(args)))
+    return (None, calls) if calls else None
+
+
 def _call_start(choice: ToolChoice, held: str, sent: str) -> tuple[int, bool]:
     """Streaming "auto": (how much of the held text may go out as content, whether a call has
     begun at that point). Hermes calls begin at their tag anywhere (a partial tag at the end
-    waits); Llama's JSON calls only as the whole answer, so its start waits for a first character."""
-    if choice.parser == "llama3_json":
+    waits); Llama's and Mistral's calls only as the whole answer, so its start waits for a first
+    character (or the whole tag)."""
+    if choice.parser in OPENERS:
         if sent:
             return len(held), False
-        start = held.lstrip()
-        if not start or PYTHON_TAG.startswith(start):
+        start, (first, tag) = held.lstrip(), OPENERS[choice.parser]
+        if not start or tag.startswith(start):
             return 0, False
-        calling = start.startswith(("{", PYTHON_TAG))
+        calling = start.startswith((first, tag))
         return (0 if calling else len(held)), calling
     at = held.find(HERMES_OPEN)
     return (at, True) if at >= 0 else (len(held) - tag_start(held, HERMES_OPEN), False)

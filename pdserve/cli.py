@@ -23,7 +23,7 @@ def _up(argv: list[str]) -> None:
                         "\"num_speculative_tokens\": 4}'")
     p.add_argument("--http-port", type=int, default=None, help="the gateway's OpenAI-compatible HTTP port (off when absent)")
     p.add_argument("--chat-template", default=None, metavar="FILE", help="the gateway's chat template instead of the model's")
-    p.add_argument("--tool-call-parser", default=None, help="the gateway's tool-call parser (hermes, llama3_json): tool_choice \"auto\"")
+    p.add_argument("--tool-call-parser", default=None, help="the gateway's tool-call parser (hermes, llama3_json, mistral): tool_choice \"auto\"")
     p.add_argument("--reasoning-parser", default=None, help="the gateway's reasoning parser (deepseek_r1, qwen3)")
     p.add_argument("--generation-config", default=None, help="the gateway's sampling defaults: auto (the model's), "
                                                              "vllm or a folder")

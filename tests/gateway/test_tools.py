@@ -106,7 +106,7 @@ STRICT = {**WEATHER, "function": {**WEATHER["function"], "strict": True}}
 
 
 @pytest.mark.parametrize("parser, parallel", [("hermes", True), ("hermes", False), ("llama3_json", True),
-                                              ("llama3_json", False)])
+                                              ("llama3_json", False), ("mistral", True), ("mistral", False)])
 def test_auto_with_strict_tools_constrains_the_calls_only(default_model_dir, parser, parallel):
     """"auto" with a strict tool: free text, and where a call begins (the parser's format) a call
     of one of the tools whose arguments (a strict one's) follow its schema; at most one call
@@ -129,10 +129,13 @@ def test_auto_with_strict_tools_constrains_the_calls_only(default_model_dir, par
         mask = g.allowed()
         return ok and all(mask[t // 8] >> (t % 8) & 1 for t in eos)
 
-    key = "arguments" if parser == "hermes" else "parameters"
+    key = "parameters" if parser == "llama3_json" else "arguments"
     call = lambda args, name="get_weather": json.dumps({"name": name, key: args})  # noqa: E731
-    shown = (lambda c: f"<tool_call>\n{c}\n</tool_call>") if parser == "hermes" else (lambda c: c)
-    two = shown(call({"city": "Paris"})) + ("" if parser == "hermes" else "; ") + shown(call({"tz": 1}, "get_time"))
+    shown = {"hermes": lambda c: f"<tool_call>\n{c}\n</tool_call>", "llama3_json": lambda c: c,
+             "mistral": lambda c: f"[TOOL_CALLS][{c}]"}[parser]
+    two = {"hermes": shown(call({"city": "Paris"})) + shown(call({"tz": 1}, "get_time")),
+           "llama3_json": call({"city": "Paris"}) + "; " + call({"tz": 1}, "get_time"),
+           "mistral": f'[{call({"city": "Paris"})}, {call({"tz": 1}, "get_time")}]'}[parser]
     assert whole("Paris is sunny today.") and whole("") and whole(shown(call({"city": "Paris"})))
     assert whole(two) is parallel
     assert not whole(shown(call({"town": "Paris"}))) and not whole(shown(call({}, "nope")))
@@ -198,6 +201,7 @@ def _whole(choice: ToolChoice, text: str, finish: str) -> tuple[str, list[dict],
 
 
 LLAMA = '{"name": "get_weather", "parameters": {"city": "Paris"}}'
+MISTRAL = '[{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_time", "arguments": {}}]'
 
 
 @settings(max_examples=300, deadline=None)
@@ -206,13 +210,15 @@ LLAMA = '{"name": "get_weather", "parameters": {"city": "Paris"}}'
                         ("required", '[{"name": "get_time", "parameters": {}}]'), ("required", '[{"name"')]
                        + [("llama3_json", t) for t in (" " + LLAMA, LLAMA + "; " + LLAMA.replace("Paris", "Oslo"),
                                                        "<|python_tag|>" + LLAMA, '{"name": "f"', "{not json}",
-                                                       "Sure: " + LLAMA, "<|python", "  ")]),
+                                                       "Sure: " + LLAMA, "<|python", "  ")]
+                       + [("mistral", t) for t in ("[TOOL_CALLS]" + MISTRAL, " " + MISTRAL, "[1] is a citation.",
+                                                   "[TOOL_CALLS][{", "The answer: " + MISTRAL, "[TOOL")]),
        st.lists(st.integers(0, 80), max_size=6), st.sampled_from(["stop", "length"]))
 def test_a_streamed_answer_assembles_to_the_whole_one(case, cuts, finish):
     """Whatever the chunking (a tag split across chunks included), the deltas add up to the whole
     answer's content, calls and finish reason."""
     mode, text = case
-    choice = ToolChoice("auto", parser="llama3_json") if mode == "llama3_json" else \
+    choice = ToolChoice("auto", parser=mode) if mode in ("llama3_json", "mistral") else \
         ToolChoice(mode, "get_weather" if mode == "named" else "")
     bounds = sorted({min(c, len(text)) for c in cuts})
     pieces = [text[a:b] for a, b in zip([0, *bounds], [*bounds, len(text)])]
@@ -296,3 +302,18 @@ def test_llama3_json_reads_whole_answers_of_calls(text, calls):
         return
     assert read[0] is None and [(c["function"]["name"], c["function"]["arguments"]) for c in read[1]] == calls
     assert message(choice, text, "stop")[1] == "tool_calls"
+
+
+@pytest.mark.parametrize("text, calls", [
+    ("[TOOL_CALLS]" + MISTRAL, [("get_weather", '{"city": "Paris"}'), ("get_time", "{}")]),
+    (" " + MISTRAL, [("get_weather", '{"city": "Paris"}'), ("get_time", "{}")]),
+    ('[{"name": "f", "arguments": "{\\"a\\": 1}"}]', [("f", '{"a": 1}')]),
+    ("[1, 2]", None), ("[]", None), ("The calls: " + MISTRAL, None), ("[TOOL_CALLS][{", None),
+])
+def test_mistral_reads_whole_answers_of_calls(text, calls):
+    choice = ToolChoice("auto", parser="mistral")
+    read = read_calls(choice, text)
+    if calls is None:
+        assert read is None and message(choice, text, "stop") == ({"role": "assistant", "content": text}, "stop")
+        return
+    assert read[0] is None and [(c["function"]["name"], c["function"]["arguments"]) for c in read[1]] == calls
