@@ -190,7 +190,7 @@ class Tokenizer:
         """All templates by name ("default" for a single one)."""
         return dict(self._templates)
 
-    def render_chat(self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] | None = None,
+    def render_chat(self, messages: Sequence[Mapping[str, Any]], /, *, tools: Sequence[Mapping[str, Any]] | None = None,
                     add_generation_prompt: bool = False, **kwargs: Any) -> str:
         """The conversation rendered by the chat template, as text (it holds the template's own
         special tokens: encode it with add_special_tokens=False). `tools`: JSON schemas in the OpenAI
@@ -202,8 +202,9 @@ class Tokenizer:
         chat = [_with_reasoning_aliases(m) for m in _normalized(messages)]
         # Extra variables win over special tokens of the same name, and may give `documents`.
         variables = {"documents": None, **self.special_tokens, **_plain(kwargs)}
-        return self._compile(template).render(messages=chat, tools=_plain(list(tools) if tools is not None else None),
-                                              add_generation_prompt=add_generation_prompt, **variables)
+        return self._compile(template).render({  # one mapping: any name may be a variable ("self" too)
+            **variables, "messages": chat, "tools": _plain(list(tools) if tools is not None else None),
+            "add_generation_prompt": add_generation_prompt})
 
     def _pick_template(self, tools: Sequence[Any] | None) -> str:
         if not self._templates:

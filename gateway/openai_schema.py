@@ -387,10 +387,10 @@ def completion_requests(body: dict) -> list[gateway_pb2.GenerateRequest]:
     batch = isinstance(prompt, list) and bool(prompt) and all(isinstance(p, (str, list)) for p in prompt)
     if batch and len(prompt) > MAX_CHOICES:
         raise bad("prompt", f"at most {MAX_CHOICES} prompts per request, got {len(prompt)}")
-    params, model = sampling(body, chat=False), model_name(body)
+    params, model, rank = sampling(body, chat=False), model_name(body), priority(body)
     reqs = []
     for i, p in enumerate(prompt if batch else [prompt]):
-        req = gateway_pb2.GenerateRequest(model=model, sampling=params, priority=priority(body))
+        req = gateway_pb2.GenerateRequest(model=model, sampling=params, priority=rank)
         if isinstance(p, str):
             req.text = p
         elif isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):

@@ -138,6 +138,12 @@ def test_template_kwargs_reach_the_template(tok):
     assert tok.decode(ids) == "<user>hi</user><assistant><think></think>"
 
 
+def test_template_kwargs_may_use_any_free_name(tok):
+    """Names the renderer's own parameters use ("self", "messages" is reserved) are variables."""
+    tok_self = render_chat(tok, [("user", "hi")], template_kwargs=template_variables('{"self": 1}'))
+    assert tok_self == "<user>hi</user><assistant>"
+
+
 def test_continue_final_message(tok, default_model_dir):
     msgs = [("user", "Name a city."), ("assistant", "The city is")]
     assert render_chat(tok, msgs, add_generation_prompt=False, continue_final_message=True) == \
