@@ -352,15 +352,10 @@ def hf_generate(spec: ModelSpec, runner: ModelRunner) -> dict:
 
 @torch.no_grad()
 def copy_weights_into(model: torch.nn.Module, runner: ModelRunner) -> None:
-    """Our fused weights (qkv, gate_up) split back into the HF modules' tensors."""
-    from pdserve.model.loader import _hf_names
+    """Our fused weights (qkv, gate_up; stacked experts) split back into the HF modules' tensors."""
+    from pdserve.model.loader import copy_into_hf
 
-    sd = model.state_dict()
-    for name, t in runner.model.w.items():
-        names = _hf_names(name)
-        parts = t.split([sd[n].shape[0] for n in names]) if len(names) > 1 else (t,)
-        for n, part in zip(names, parts):
-            sd[n].copy_(part)
+    copy_into_hf(runner.spec, runner.model.w, model.state_dict())
 
 
 def spec_name(spec: ModelSpec) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ from pdserve.core.spec_schedule import DraftPlanner
 from pdserve.core.speculative import SpeculativeConfig
 from pdserve.flags import add_model_args
 from pdserve.guided import GuideCompiler
+from pdserve.model.llama import weight_shapes
 from pdserve.model.prepare import resolve_model
 from pdserve.model.spec import ModelSpec
 from pdserve.runtime.draft_model import DraftModelProposer, check_draft_model
@@ -179,8 +181,8 @@ def _num_blocks(args: argparse.Namespace, spec: ModelSpec, dtype: torch.dtype, d
 
 
 def _weight_bytes(spec: ModelSpec, dtype: torch.dtype) -> int:
-    h, hd = spec.hidden_size, spec.head_dim
-    attn = h * hd * (2 * spec.num_heads + 2 * spec.num_kv_heads)
-    per_layer = attn + 3 * h * spec.intermediate_size
-    embed = spec.vocab_size * h * (1 if spec.tie_word_embeddings else 2)
-    return (spec.num_layers * per_layer + embed) * (torch.finfo(dtype).bits // 8)
+    """Bytes of the weights the model will hold (a mixture of experts' every expert counted)."""
+    shapes = weight_shapes(spec)
+    if spec.tie_word_embeddings:
+        del shapes["lm_head"]
+    return sum(math.prod(s) for s in shapes.values()) * (torch.finfo(dtype).bits // 8)

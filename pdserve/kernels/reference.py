@@ -114,6 +114,30 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.silu(gate) * up
 
 
+def moe_route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Router logits [T, E] -> (weights [T, k] float32, expert ids [T, k] int64): the softmax
+    over all experts (in float32), its k largest, renormalized to sum to 1 if asked. Plain
+    torch ops of fixed shapes, so the CUDA path (and its graphs) runs this one too."""
+    probs = torch.softmax(logits.float(), dim=-1)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids
+
+
+def moe_experts(
+    x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor
+) -> torch.Tensor:
+    """Routed experts: sum over j of weights[t, j] * down[e] @ silu_and_mul(gate_up[e] @ x[t])
+    with e = ids[t, j]. x [T, H], gate_up [E, 2I, H], down [E, H, I] -> [T, H] in x's dtype."""
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    for e in ids.unique().tolist():
+        rows, slot = (ids == e).nonzero(as_tuple=True)
+        y = linear(silu_and_mul(linear(x[rows], gate_up[e])), down[e])
+        out.index_add_(0, rows, y.float() * weights[rows, slot, None])
+    return out.to(x.dtype)
+
+
 QUANT_MAX = {torch.float8_e4m3fn: 448.0, torch.int8: 127.0}
 SCALE_FLOOR = 1e-8
 

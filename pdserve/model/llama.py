@@ -1,4 +1,5 @@
-"""The one Llama-family forward pass (Llama 2/3/3.1, Mistral, Qwen2, Qwen3, SmolLM2).
+"""The one Llama-family forward pass (Llama 2/3/3.1, Mistral, Qwen2, Qwen3, SmolLM2, and the
+mixture-of-experts Mixtral, Qwen2-MoE and Qwen3-MoE).
 
 Functional over a dict of weights in our own names (see `weight_shapes`): q/k/v and gate/up
 are fused so each layer runs two matmuls fewer. Every op goes through `ops`, a namespace with
@@ -55,9 +56,15 @@ def weight_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
             p + "post_norm": (h,),
             p + "qkv": (qkv, h),
             p + "o": (h, spec.num_heads * d),
-            p + "gate_up": (2 * i, h),
-            p + "down": (h, i),
         }
+        if spec.is_moe_layer(layer):
+            e, m = spec.num_experts, spec.moe_intermediate_size
+            shapes |= {p + "router": (e, h), p + "experts_gate_up": (e, 2 * m, h), p + "experts_down": (e, h, m)}
+            if spec.shared_expert_intermediate_size:
+                s = spec.shared_expert_intermediate_size
+                shapes |= {p + "shared_gate_up": (2 * s, h), p + "shared_down": (h, s), p + "shared_gate": (1, h)}
+        else:
+            shapes |= {p + "gate_up": (2 * i, h), p + "down": (h, i)}
         if spec.attention_bias:
             shapes[p + "qkv_bias"] = (qkv,)
         if spec.o_bias:
@@ -111,6 +118,9 @@ class LlamaModel:
             qkv, residual = ops.norm_linear(h, lw["in_norm"], eps, residual, lw["qkv"], lw.get("qkv_bias"),
                                             prefetch=lw["o"])
             h = self._attention(l, lw, qkv, positions, meta, kv_pool, layer_hook)
+            if "router" in lw:
+                h, residual = self._moe(lw, h, residual)
+                continue
             act, residual = ops.norm_glu(h, lw["post_norm"], eps, residual, lw["gate_up"], prefetch=lw["down"])
             h = ops.linear(act, lw["down"], prefetch=after)
         if meta.logits_indices is not None:
@@ -124,6 +134,20 @@ class LlamaModel:
         (2 bytes more per logit; 0.1 ms a step at batch 256 x 128k vocab); sample_tokens and
         verify_drafts upcast the rows that need float32."""
         return self.ops.linear(hidden, self.w["lm_head"])
+
+    def _moe(
+        self, lw: dict[str, torch.Tensor], h: torch.Tensor, residual: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A routed MLP: each token's top-k experts, weighted by their router probabilities
+        (plus Qwen2-MoE's shared expert, scaled by a sigmoid gate)."""
+        spec, ops = self.spec, self.ops
+        x, residual = ops.rms_norm(h, lw["post_norm"], spec.rms_norm_eps, residual)
+        weights, ids = ops.moe_route(ops.linear(x, lw["router"]), spec.num_experts_per_tok, spec.norm_topk_prob)
+        out = ops.moe_experts(x, weights, ids, lw["experts_gate_up"], lw["experts_down"])
+        if "shared_gate_up" in lw:
+            shared = ops.linear(ops.silu_and_mul(ops.linear(x, lw["shared_gate_up"])), lw["shared_down"])
+            out = out + torch.sigmoid(ops.linear(x, lw["shared_gate"])) * shared
+        return out, residual
 
     def _attention(
         self, l: int, lw: dict[str, torch.Tensor], qkv: torch.Tensor, positions: torch.Tensor,
@@ -159,4 +183,4 @@ class LlamaModel:
                 q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
                 self.scale, *quant,
             )
-        return ops.linear(o.reshape(t, spec.num_heads * d), lw["o"], lw.get("o_bias"), prefetch=lw["gate_up"])
+        return ops.linear(o.reshape(t, spec.num_heads * d), lw["o"], lw.get("o_bias"), prefetch=lw.get("gate_up"))

@@ -1,7 +1,9 @@
 """Load Llama-family weights from a Hugging Face safetensors folder into our weight names.
 
 HF keeps q/k/v and gate/up as separate tensors; we fuse them at load time (see
-`pdserve.model.llama.weight_shapes` for the names and shapes produced).
+`pdserve.model.llama.weight_shapes` for the names and shapes produced). A mixture of experts'
+per-expert tensors are stacked into one [E, ...] tensor each (or read as such where the
+checkpoint already holds them stacked, as transformers 5 names them in memory).
 """
 
 from __future__ import annotations
@@ -27,7 +29,13 @@ _LAYER_MAP: dict[str, tuple[str, ...]] = {
     "down": ("mlp.down_proj.weight",),
     "q_norm": ("self_attn.q_norm.weight",),
     "k_norm": ("self_attn.k_norm.weight",),
+    "shared_gate_up": ("mlp.shared_expert.gate_proj.weight", "mlp.shared_expert.up_proj.weight"),
+    "shared_down": ("mlp.shared_expert.down_proj.weight",),
+    "shared_gate": ("mlp.shared_expert_gate.weight",),
 }
+# A routed MLP's module and its experts' (gate, up, down) names, by architecture.
+_MOE_NAMES = {"mixtral": ("block_sparse_moe.", ("w1", "w3", "w2"))}
+_QWEN_MOE_NAMES = ("mlp.", ("gate_proj", "up_proj", "down_proj"))
 _TOP_MAP = {"embed": ("model.embed_tokens.weight",), "norm": ("model.norm.weight",),
             "lm_head": ("lm_head.weight",)}
 
@@ -56,12 +64,13 @@ def load_weights(
         for name, shape in weight_shapes(spec).items():
             if name == "lm_head" and spec.tie_word_embeddings:
                 continue
-            hf_names = _hf_names(name)
-            missing = [n for n in hf_names if n not in where]
+            groups, stack = hf_groups(spec, name, where)
+            missing = [n for g in groups for n in g if n not in where]
             if missing:
                 raise ValueError(f"{model_dir}: tensor {missing[0]!r} is missing (needed for {name})")
-            parts = [handles[where[n]].get_tensor(n) for n in hf_names]
-            t = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+            # a group's tensors are concatenated (q/k/v, gate/up); several groups (experts) stacked
+            fused = [torch.cat([handles[where[n]].get_tensor(n) for n in g], dim=0) for g in groups]
+            t = torch.stack(fused) if stack else fused[0]
             if tuple(t.shape) != shape:
                 raise ValueError(f"{model_dir}: {name} has shape {tuple(t.shape)}, expected {shape}")
             out[name] = t.to(device=device, dtype=dtype)
@@ -88,11 +97,39 @@ def dummy_weights(
     return out
 
 
-def _hf_names(name: str) -> tuple[str, ...]:
-    if name.startswith("layers."):
-        _, layer, rest = name.split(".", 2)
-        return tuple(f"model.layers.{layer}.{n}" for n in _LAYER_MAP[rest])
-    return _TOP_MAP[name]
+@torch.no_grad()
+def copy_into_hf(spec: ModelSpec, weights: dict[str, torch.Tensor], state: dict[str, torch.Tensor]) -> None:
+    """The inverse of load_weights: our tensors split back into a transformers model's
+    `state_dict()` tensors (to run transformers on the same random weights in a benchmark)."""
+    for name, t in weights.items():
+        groups, stacked = hf_groups(spec, name, state)
+        for names, piece in zip(groups, t.unbind(0) if stacked else (t,)):
+            parts = piece.split([state[n].shape[0] for n in names]) if len(names) > 1 else (piece,)
+            for n, part in zip(names, parts):
+                state[n].copy_(part)
+
+
+def hf_groups(spec: ModelSpec, name: str, present: dict[str, object]) -> tuple[list[tuple[str, ...]], bool]:
+    """The HF tensors that make our tensor `name`: groups whose tensors are concatenated along
+    dim 0, and whether the groups (a routed MLP's experts, one each) are then stacked."""
+    if not name.startswith("layers."):
+        return [_TOP_MAP[name]], False
+    _, layer, rest = name.split(".", 2)
+    p = f"model.layers.{layer}."
+    if rest not in ("router", "experts_gate_up", "experts_down"):
+        return [tuple(p + n for n in _LAYER_MAP[rest])], False
+    module, (gate, up, down) = _MOE_NAMES.get(spec.arch, _QWEN_MOE_NAMES)
+    # transformers 5 holds every routed MLP as "mlp." with stacked experts (Mixtral's too)
+    if module != "mlp." and p + "mlp.gate.weight" in present:
+        module = "mlp."
+    p += module
+    if rest == "router":
+        return [(p + "gate.weight",)], False
+    stacked = p + ("experts.gate_up_proj" if rest == "experts_gate_up" else "experts.down_proj")
+    if stacked in present:
+        return [(stacked,)], False
+    parts = (gate, up) if rest == "experts_gate_up" else (down,)
+    return [tuple(f"{p}experts.{e}.{n}.weight" for n in parts) for e in range(spec.num_experts)], True
 
 
 def _safetensors_files(model_dir: Path) -> list[Path]:

@@ -17,6 +17,7 @@ from triton.compiler import ASTSource
 assert os.environ.get("TRITON_INTERPRET", "0") != "1", "run with TRITON_INTERPRET unset"
 
 from pdserve.kernels.decode_attention import _decode_kernel, _merge_kernel  # noqa: E402
+from pdserve.kernels.fused_moe import _moe_gemm_kernel  # noqa: E402
 from pdserve.kernels.gemv import _gemv_kernel  # noqa: E402
 from pdserve.kernels.nucleus import _nucleus_kernel  # noqa: E402
 from pdserve.kernels.penalties import _penalties_kernel  # noqa: E402
@@ -124,6 +125,11 @@ def elementwise(dt: str) -> None:
     compile_kernel(_penalties_kernel, {"x_ptr": f"*{dt}", "out_ptr": f"*{dt}", "rows_ptr": "*i64", "slots_ptr": "*i64",
                                        "counts_ptr": "*fp32", "prompt_ptr": "*u8", "rep_ptr": "*fp32",
                                        "freq_ptr": "*fp32", "pres_ptr": "*fp32"}, {"BLOCK": 2048})
+    for a_div in (8, 1):  # the gate_up product (a token's row per pair) and the down product
+        compile_kernel(_moe_gemm_kernel, {"a_ptr": f"*{dt}", "w_ptr": f"*{dt}", "c_ptr": f"*{dt}", "rows_ptr": "*i32",
+                                          "tile_expert_ptr": "*i32"},
+                       {"A_DIV": a_div, "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "PRECISION": "tf32",
+                        "DOT_F32": False})
     compile_kernel(_copy_blocks_kernel, {p: "*i32" for p in ("src_ptr", "dst_ptr", "src_ids_ptr", "dst_ids_ptr")},
                    {"BLOCK": 2048})
     for cache_dt, qmax, is_int in ((dt, 1.0, False), ("fp8e4nv", 448.0, False), ("i8", 127.0, True)):

@@ -25,6 +25,12 @@ ARCHS: dict[str, dict[str, Any]] = {
     "mistral": dict(model_type="mistral", sliding_window=None),
     "qwen2": dict(model_type="qwen2"),
     "qwen3": dict(model_type="qwen3", head_dim=32),
+    # routed MLPs: 4 experts, 2 per token; Qwen2-MoE with its shared expert and a dense layer
+    "mixtral": dict(model_type="mixtral", num_local_experts=4, num_experts_per_tok=2, sliding_window=None),
+    "qwen2_moe": dict(model_type="qwen2_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
+                      shared_expert_intermediate_size=80, mlp_only_layers=[1]),
+    "qwen3_moe": dict(model_type="qwen3_moe", head_dim=32, num_experts=8, num_experts_per_tok=3,
+                      moe_intermediate_size=40, norm_topk_prob=True),
 }
 
 

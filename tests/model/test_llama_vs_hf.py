@@ -38,12 +38,19 @@ def test_greedy_matches_transformers(kind: str, tiny_model) -> None:
 
 def test_tiny_configs_exercise_each_feature(tiny_model) -> None:
     """The parametrized cases above really cover what they claim to."""
-    specs = {k: ModelSpec.from_dir(tiny_model(k)) for k in ("llama3_rope", "llama_tied_bias", "qwen2", "qwen3")}
+    specs = {k: ModelSpec.from_dir(tiny_model(k))
+             for k in ("llama3_rope", "llama_tied_bias", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe")}
     assert specs["llama3_rope"].rope_scaling["rope_type"] == "llama3"
     assert specs["llama3_rope"].rope_theta == 500000.0
     assert specs["llama_tied_bias"].tie_word_embeddings and specs["llama_tied_bias"].o_bias
     assert specs["qwen2"].attention_bias and not specs["qwen2"].o_bias
     assert specs["qwen3"].qk_norm and specs["qwen3"].head_dim == 32
+    assert specs["mixtral"].moe_layers == (0, 1) and specs["mixtral"].norm_topk_prob
+    q2 = specs["qwen2_moe"]  # a routed layer with a shared expert, then a dense one
+    assert q2.moe_layers == (0,) and q2.shared_expert_intermediate_size == 80 and q2.attention_bias
+    assert not q2.norm_topk_prob
+    q3 = specs["qwen3_moe"]
+    assert q3.num_experts == 8 and q3.num_experts_per_tok == 3 and q3.norm_topk_prob and q3.qk_norm
 
 
 def test_transformers_loads_with_pdserve_installed(tiny_model) -> None:

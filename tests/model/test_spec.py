@@ -67,3 +67,44 @@ def test_from_dir_merges_generation_config(tmp_path: Path) -> None:
 def test_from_dir_without_config(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="config.json"):
         ModelSpec.from_dir(tmp_path)
+
+
+def test_qwen3_moe_as_published() -> None:
+    """Qwen3-30B-A3B's config.json spelling (num_experts; transformers 5 saves num_local_experts)."""
+    s = ModelSpec.from_config_dict({**BASE, "model_type": "qwen3_moe", "num_experts": 128, "num_experts_per_tok": 8,
+                                    "moe_intermediate_size": 768, "norm_topk_prob": True, "head_dim": 128,
+                                    "decoder_sparse_step": 1, "mlp_only_layers": []})
+    assert (s.num_experts, s.num_experts_per_tok, s.moe_intermediate_size) == (128, 8, 768)
+    assert s.moe_layers == (0, 1, 2) and s.norm_topk_prob and s.qk_norm and not s.attention_bias
+    assert s.shared_expert_intermediate_size == 0
+
+
+def test_qwen2_moe_sparse_step_and_dense_layers() -> None:
+    s = ModelSpec.from_config_dict({**BASE, "model_type": "qwen2_moe", "num_hidden_layers": 6, "num_experts": 60,
+                                    "num_experts_per_tok": 4, "moe_intermediate_size": 1408,
+                                    "shared_expert_intermediate_size": 5632, "decoder_sparse_step": 2,
+                                    "mlp_only_layers": [3]})
+    assert s.moe_layers == (1, 5) and s.is_moe_layer(5) and not s.is_moe_layer(3)
+    assert s.shared_expert_intermediate_size == 5632 and s.attention_bias and not s.o_bias
+
+
+def test_mixtral_routes_every_layer() -> None:
+    s = ModelSpec.from_config_dict({**BASE, "model_type": "mixtral", "num_local_experts": 8,
+                                    "num_experts_per_tok": 2, "sliding_window": None})
+    assert s.moe_layers == (0, 1, 2) and s.moe_intermediate_size == 512 and s.norm_topk_prob
+    assert s.num_experts == 8 and s.sliding_window is None
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"num_experts_per_tok": 0}, "num_experts_per_tok must be a positive integer"),
+    ({"num_experts_per_tok": 9}, r"num_experts_per_tok \(9\) exceeds num_experts \(8\)"),
+    ({"moe_intermediate_size": None}, "moe_intermediate_size must be a positive integer"),
+])
+def test_bad_moe_config_is_named(bad: dict, match: str) -> None:
+    d = {**BASE, "model_type": "qwen3_moe", "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64}
+    with pytest.raises(ValueError, match=match):
+        ModelSpec.from_config_dict({**d, **bad})
+    if "moe_intermediate_size" not in bad:  # Mixtral checks the same two numbers
+        m = {**BASE, "model_type": "mixtral", "num_local_experts": 8, "num_experts_per_tok": bad["num_experts_per_tok"]}
+        with pytest.raises(ValueError, match=match):
+            ModelSpec.from_config_dict(m)

@@ -39,7 +39,7 @@ def test_cuda_fp32_greedy_matches_transformers(kind, tiny_model):
     assert ours == [_hf_greedy(model, p, GREEDY.max_tokens) for p in prompts]
 
 
-@pytest.mark.parametrize("kind", ["llama3_rope", "qwen2", "qwen3"])
+@pytest.mark.parametrize("kind", ["llama3_rope", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe"])
 def test_cuda_bf16_logits_close_to_transformers(kind, tiny_model):
     folder = tiny_model(kind)
     spec = ModelSpec.from_dir(folder)

@@ -95,7 +95,7 @@ def test_static_buffers_match_eager_across_steps() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kind", ["llama3_rope", "qwen3"])
+@pytest.mark.parametrize("kind", ["llama3_rope", "qwen3", "qwen2_moe", "qwen3_moe"])
 def test_graph_decode_equals_eager(kind, tiny_model) -> None:  # noqa: F811 (fixture)
     """Mixed prompt lengths, batch 5 (captured: 1, 2, 4, 8): graph and eager give equal tokens."""
     from pdserve.model.spec import ModelSpec

@@ -1,0 +1,125 @@
+"""Routed experts of a mixture-of-experts MLP (Triton twin of reference.moe_experts).
+
+A step's T tokens each pick k experts: T*k (token, expert) pairs. `expert_tiles` groups the
+pairs by expert into tiles of BLOCK_M rows (each expert's run padded to a whole tile) with
+plain torch ops of fixed shapes, so no host sync and a CUDA graph can hold them. One program
+multiplies a tile's rows by a BLOCK_N slice of its expert's weight: an expert's weights are read
+once per tile, so at batch 1 only the chosen experts' weights are read, and at large batches a
+tile is a real matrix product. Tiles past the last expert's run find no expert and return.
+
+Two launches of the same kernel around a SiLU-and-mul: x @ gate_up[e]^T, then @ down[e]^T;
+a token's k rows are then weighted by the router and summed in float32 (rounded where the
+reference rounds them).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from pdserve.kernels._attention import mm
+from pdserve.kernels._common import FLOAT_DTYPES, check_device, check_dim, check_dtype, dot_precision
+from pdserve.kernels._common import interpreting
+from pdserve.kernels.silu_and_mul import silu_and_mul
+
+
+@triton.jit
+def _moe_gemm_kernel(
+    a_ptr, w_ptr, c_ptr, rows_ptr, tile_expert_ptr, pairs, n_out, k_in, num_experts,
+    stride_a, stride_we, stride_wn, stride_c,
+    A_DIV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, DOT_F32: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    e = tl.load(tile_expert_ptr + tile)
+    if e < num_experts:
+        rows = tl.load(rows_ptr + tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # pairs: padding
+        rmask = rows < pairs
+        a_rows = rows // A_DIV  # the first product reads a token's row once for each of its k pairs
+        n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        nmask = n < n_out
+        w_base = w_ptr + e.to(tl.int64) * stride_we + n.to(tl.int64)[None, :] * stride_wn
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for k0 in range(0, k_in, BLOCK_K):
+            k = k0 + tl.arange(0, BLOCK_K)
+            kmask = k < k_in
+            a = tl.load(a_ptr + a_rows[:, None] * stride_a + k[None, :], mask=rmask[:, None] & kmask[None, :], other=0.0)
+            w = tl.load(w_base + k[:, None], mask=kmask[:, None] & nmask[None, :], other=0.0)  # [BLOCK_K, BLOCK_N]
+            acc += mm(a, w, PRECISION, DOT_F32)
+        out = c_ptr + rows[:, None] * stride_c + n[None, :]
+        tl.store(out, acc.to(c_ptr.dtype.element_ty), mask=rmask[:, None] & nmask[None, :])
+
+
+def expert_tiles(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Group the pairs of ids [T, k] by expert: (rows [P] int32, tile_expert [P / block_m] int32).
+
+    rows lists pair indices (t * k + j) expert by expert, each expert's run padded with the
+    sentinel T*k to a multiple of block_m; tile_expert[i] is the expert of rows[i*block_m:...],
+    num_experts for tiles past the last run. P = round_up(T*k + E*(block_m-1), block_m) is the
+    most any routing needs, so every shape is fixed by (T, k, E, block_m)."""
+    flat = ids.reshape(-1)
+    pairs = flat.numel()
+    size = triton.cdiv(pairs + num_experts * (block_m - 1), block_m) * block_m
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=ids.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
+    padded = (counts + block_m - 1) // block_m * block_m
+    ends = padded.cumsum(0)
+    order = torch.argsort(flat, stable=True)  # pair indices, expert by expert
+    expert = flat[order]
+    first = (counts.cumsum(0) - counts)[expert]  # index in `order` where this expert's run starts
+    dest = (ends - padded)[expert] + torch.arange(pairs, device=ids.device) - first
+    rows = torch.full((size,), pairs, dtype=torch.int32, device=ids.device)
+    rows[dest] = order.to(torch.int32)
+    starts = torch.arange(0, size, block_m, device=ids.device)
+    tile_expert = torch.searchsorted(ends, starts, right=True).to(torch.int32)
+    return rows, tile_expert
+
+
+def _gemm(a: torch.Tensor, w: torch.Tensor, rows: torch.Tensor, tile_expert: torch.Tensor, pairs: int,
+          a_div: int, block_m: int) -> torch.Tensor:
+    e, n_out, k_in = w.shape
+    out = torch.empty((pairs, n_out), dtype=a.dtype, device=a.device)
+    block_n = 64
+    block_k = 64 if interpreting() else 128
+    grid = (tile_expert.numel(), triton.cdiv(n_out, block_n))
+    _moe_gemm_kernel[grid](
+        a, w, out, rows, tile_expert, pairs, n_out, k_in, e,
+        a.stride(0), w.stride(0), w.stride(1), out.stride(0),
+        A_DIV=a_div, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        PRECISION=dot_precision(a.dtype), DOT_F32=interpreting(), num_warps=4,
+    )
+    return out
+
+
+def moe_experts(
+    x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor
+) -> torch.Tensor:
+    """sum over j of weights[t, j] * down[e] @ silu_and_mul(gate_up[e] @ x[t]), e = ids[t, j].
+    x [T, H]; weights [T, k] float32; ids [T, k] int64; gate_up [E, 2I, H]; down [E, H, I]."""
+    check_dim("x", x, 2)
+    check_dim("gate_up", gate_up, 3)
+    check_dim("down", down, 3)
+    check_dtype("x", x, FLOAT_DTYPES)
+    check_dtype("weights", weights, (torch.float32,))
+    check_dtype("ids", ids, (torch.int32, torch.int64))
+    check_device(x=x, weights=weights, ids=ids, gate_up=gate_up, down=down)
+    t, h = x.shape
+    e, two_i, _ = gate_up.shape
+    assert gate_up.dtype == down.dtype == x.dtype, f"gate_up/down dtypes {gate_up.dtype}/{down.dtype} != x's {x.dtype}"
+    assert gate_up.shape[2] == h and tuple(down.shape) == (e, h, two_i // 2), (
+        f"gate_up {tuple(gate_up.shape)} and down {tuple(down.shape)} do not fit x [T, {h}] "
+        "(expected [E, 2I, H] and [E, H, I])")
+    assert gate_up.is_contiguous() and down.is_contiguous(), "gate_up and down must be contiguous"
+    assert x.stride(1) == 1, f"x must have unit stride in its last dim, strides {x.stride()}"
+    assert weights.shape == ids.shape and ids.dim() == 2 and ids.shape[0] == t, (
+        f"weights {tuple(weights.shape)} and ids {tuple(ids.shape)} must both be [T={t}, k]")
+    k = ids.shape[1]
+    if t == 0:
+        return torch.zeros_like(x)
+    block_m = 16
+    rows, tile_expert = expert_tiles(ids, e, block_m)
+    pairs = t * k
+    act = silu_and_mul(_gemm(x, gate_up, rows, tile_expert, pairs, k, block_m))
+    out = _gemm(act, down, rows, tile_expert, pairs, 1, block_m)
+    return (out.view(t, k, h).float() * weights[:, :, None]).sum(1).to(x.dtype)
