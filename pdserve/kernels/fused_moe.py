@@ -10,6 +10,11 @@ tile is a real matrix product. Tiles past the last expert's run find no expert a
 Two launches of the same kernel around a SiLU-and-mul: x @ gate_up[e]^T, then @ down[e]^T;
 a token's k rows are then weighted by the router and summed in float32 (rounded where the
 reference rounds them).
+
+Few pairs (decode at small batches) skip the grouping: one program per (pair, BLOCK_N rows of
+its expert's weight) streams those rows as the batch-1 gemv does (pdserve.kernels.gemv), with
+the SiLU-and-mul in the gate_up launch's epilogue. Pairs sharing an expert then read its
+weights once each, which costs little while pairs are few and mostly on distinct experts.
 """
 
 from __future__ import annotations
@@ -51,6 +56,46 @@ def _moe_gemm_kernel(
         tl.store(out, acc.to(c_ptr.dtype.element_ty), mask=rmask[:, None] & nmask[None, :])
 
 
+@triton.jit
+def _moe_gemv_kernel(
+    a_ptr, w_ptr, c_ptr, ids_ptr, n_out, k_in, stride_a, stride_we, stride_wn, stride_c,
+    A_DIV: tl.constexpr, GLU: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    pair = tl.program_id(0)
+    pid = tl.program_id(1)
+    e = tl.load(ids_ptr + pair).to(tl.int64)
+    a_row = a_ptr + (pair // A_DIV).to(tl.int64) * stride_a
+    if GLU:  # BLOCK_N / 2 gate rows and the matching up rows (n_out + those): silu(g) * u
+        j = tl.arange(0, BLOCK_N)
+        o = pid * (BLOCK_N // 2) + j % (BLOCK_N // 2)
+        nmask = o < n_out
+        n = o + (j // (BLOCK_N // 2)) * n_out
+    else:
+        n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+        nmask = n < n_out
+    rows = w_ptr + e * stride_we + n.to(tl.int64)[:, None] * stride_wn
+    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    for k0 in range(0, k_in, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        kmask = k < k_in
+        x = tl.load(a_row + k, mask=kmask, other=0.0).to(tl.float32)
+        w = tl.load(rows + k[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
+        acc += w.to(tl.float32) * x[None, :]
+    y = tl.sum(acc, 1)
+    out = c_ptr + pair.to(tl.int64) * stride_c
+    if GLU:
+        gate, up = tl.split(tl.trans(tl.reshape(y, [2, BLOCK_N // 2])))
+        o = pid * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        act = gate / (1.0 + tl.exp(-gate)) * up
+        tl.store(out + o, act.to(c_ptr.dtype.element_ty), mask=o < n_out)
+    else:
+        tl.store(out + n, y.to(c_ptr.dtype.element_ty), mask=nmask)
+
+
+# At most this many (token, expert) pairs take the gemv path (decode at small batches).
+GEMV_MAX_PAIRS = 64
+
+
 def expert_tiles(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Group the pairs of ids [T, k] by expert: (rows [P] int32, tile_expert [P / block_m] int32).
 
@@ -76,27 +121,39 @@ def expert_tiles(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[tor
     return rows, tile_expert
 
 
-def _gemm(a: torch.Tensor, w: torch.Tensor, rows: torch.Tensor, tile_expert: torch.Tensor, pairs: int,
-          a_div: int, block_m: int) -> torch.Tensor:
+def _tiled_gemm(a: torch.Tensor, w: torch.Tensor, rows: torch.Tensor, tile_expert: torch.Tensor, pairs: int,
+                a_div: int, block_m: int, block_n: int = 64, block_k: int = 128, num_stages: int = 3) -> torch.Tensor:
     e, n_out, k_in = w.shape
     out = torch.empty((pairs, n_out), dtype=a.dtype, device=a.device)
-    block_n = 64
-    block_k = 64 if interpreting() else 128
     grid = (tile_expert.numel(), triton.cdiv(n_out, block_n))
     _moe_gemm_kernel[grid](
-        a, w, out, rows, tile_expert, pairs, n_out, k_in, e,
-        a.stride(0), w.stride(0), w.stride(1), out.stride(0),
-        A_DIV=a_div, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        PRECISION=dot_precision(a.dtype), DOT_F32=interpreting(), num_warps=4,
+        a, w, out, rows, tile_expert, pairs, n_out, k_in, e, a.stride(0), w.stride(0), w.stride(1), out.stride(0),
+        A_DIV=a_div, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=64 if interpreting() else block_k,
+        PRECISION=dot_precision(a.dtype), DOT_F32=interpreting(), num_warps=4, num_stages=num_stages,
     )
     return out
 
 
+def _gemv(a: torch.Tensor, w: torch.Tensor, ids: torch.Tensor, a_div: int, glu: bool) -> torch.Tensor:
+    _, n, k_in = w.shape
+    n_out = n // 2 if glu else n
+    pairs = ids.numel()
+    out = torch.empty((pairs, n_out), dtype=a.dtype, device=a.device)
+    block_n = 16 if glu else 8
+    block_k = 512 if k_in % 512 == 0 else 256 if k_in % 256 == 0 else 128
+    grid = (pairs, triton.cdiv(n_out, block_n // 2 if glu else block_n))
+    _moe_gemv_kernel[grid](a, w, out, ids, n_out, k_in, a.stride(0), w.stride(0), w.stride(1), out.stride(0),
+                           A_DIV=a_div, GLU=glu, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4)
+    return out
+
+
 def moe_experts(
-    x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor
+    x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+    *, gemv: bool | None = None,
 ) -> torch.Tensor:
     """sum over j of weights[t, j] * down[e] @ silu_and_mul(gate_up[e] @ x[t]), e = ids[t, j].
-    x [T, H]; weights [T, k] float32; ids [T, k] int64; gate_up [E, 2I, H]; down [E, H, I]."""
+    x [T, H]; weights [T, k] float32; ids [T, k] int64; gate_up [E, 2I, H]; down [E, H, I].
+    gemv: the per-pair path (default: when T*k <= GEMV_MAX_PAIRS), else expert tiles."""
     check_dim("x", x, 2)
     check_dim("gate_up", gate_up, 3)
     check_dim("down", down, 3)
@@ -117,9 +174,13 @@ def moe_experts(
     k = ids.shape[1]
     if t == 0:
         return torch.zeros_like(x)
-    block_m = 16
-    rows, tile_expert = expert_tiles(ids, e, block_m)
     pairs = t * k
-    act = silu_and_mul(_gemm(x, gate_up, rows, tile_expert, pairs, k, block_m))
-    out = _gemm(act, down, rows, tile_expert, pairs, 1, block_m)
+    if gemv if gemv is not None else pairs <= GEMV_MAX_PAIRS:
+        flat = ids.reshape(-1).contiguous()
+        out = _gemv(_gemv(x, gate_up, flat, k, glu=True), down, flat, 1, glu=False)
+    else:
+        block_m = 16
+        rows, tile_expert = expert_tiles(ids, e, block_m)
+        act = silu_and_mul(_tiled_gemm(x, gate_up, rows, tile_expert, pairs, k, block_m))
+        out = _tiled_gemm(act, down, rows, tile_expert, pairs, 1, block_m)
     return (out.view(t, k, h).float() * weights[:, :, None]).sum(1).to(x.dtype)

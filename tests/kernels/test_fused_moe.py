@@ -23,15 +23,18 @@ def _case(t: int, h: int, inter: int, e: int, k: int, dtype: torch.dtype, seed: 
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("t, h, inter, e, k", [
-    (1, 64, 32, 4, 2),      # one token: only its experts' tiles run
-    (5, 72, 40, 8, 3),      # widths that are not tile multiples
-    (33, 64, 48, 4, 1),     # more than a tile of rows for some expert
-    (40, 32, 16, 16, 4),    # many experts, some unused
-])
-def test_moe_experts_matches_reference(dtype: torch.dtype, t: int, h: int, inter: int, e: int, k: int) -> None:
+@pytest.mark.parametrize("t, h, inter, e, k, gemv", [
+    (1, 64, 32, 4, 2, True),       # one token: the decode path
+    (1, 64, 32, 4, 2, False),      # ... and its tiles: only its experts' tiles run
+    (5, 72, 40, 8, 3, True),       # widths that are not tile multiples
+    (5, 72, 40, 8, 3, False),
+    (33, 64, 48, 4, 1, False),     # more than a tile of rows for some expert
+    (40, 32, 16, 16, 4, False),    # many experts, some unused
+], ids=["1-gemv", "1-tiles", "5-gemv", "5-tiles", "33-tiles", "40-tiles"])
+def test_moe_experts_matches_reference(dtype: torch.dtype, t: int, h: int, inter: int, e: int, k: int,
+                                       gemv: bool) -> None:
     x, weights, ids, gate_up, down = _case(t, h, inter, e, k, dtype, seed=t)
-    actual = moe_experts(x, weights, ids, gate_up, down)
+    actual = moe_experts(x, weights, ids, gate_up, down, gemv=gemv)
     if dtype == torch.float32:
         assert_close(actual, reference.moe_experts(x, weights, ids, gate_up, down))
         return
@@ -46,7 +49,9 @@ def test_every_token_on_one_expert() -> None:
     """All pairs routed to the last expert: its run spans several tiles, the rest are empty."""
     x, weights, ids, gate_up, down = _case(37, 32, 16, 4, 1, torch.float32)
     ids = torch.full_like(ids, 3)
-    assert_close(moe_experts(x, weights, ids, gate_up, down), reference.moe_experts(x, weights, ids, gate_up, down))
+    for gemv in (False, True):
+        assert_close(moe_experts(x, weights, ids, gate_up, down, gemv=gemv),
+                     reference.moe_experts(x, weights, ids, gate_up, down))
 
 
 def test_expert_tiles_group_pairs_by_expert() -> None:
@@ -70,6 +75,10 @@ def test_expert_tiles_group_pairs_by_expert() -> None:
 def test_zero_tokens_and_bad_shapes() -> None:
     x, weights, ids, gate_up, down = _case(3, 32, 16, 4, 2, torch.float32)
     assert moe_experts(x[:0], weights[:0], ids[:0], gate_up, down).shape == (0, 32)
+    # the default path: gemv for few pairs, tiles for many (both give the reference's result)
+    big = _case(40, 32, 16, 4, 2, torch.float32)
+    for case in ((x, weights, ids, gate_up, down), big):
+        assert_close(moe_experts(*case), reference.moe_experts(*case))
     with pytest.raises(AssertionError, match="do not fit x"):
         moe_experts(x, weights, ids, gate_up, down[:, :, :8])
     with pytest.raises(AssertionError, match=r"must both be \[T=3, k\]"):

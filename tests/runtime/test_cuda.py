@@ -39,8 +39,9 @@ def test_cuda_fp32_greedy_matches_transformers(kind, tiny_model):
     assert ours == [_hf_greedy(model, p, GREEDY.max_tokens) for p in prompts]
 
 
-@pytest.mark.parametrize("kind", ["llama3_rope", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe"])
-def test_cuda_bf16_logits_close_to_transformers(kind, tiny_model):
+def _last_logits_bf16(kind, tiny_model):
+    """(ours in bf16, transformers in bf16, transformers in fp32) logits of a 50-token prompt's
+    last position."""
     folder = tiny_model(kind)
     spec = ModelSpec.from_dir(folder)
     runner = ModelRunner(spec, folder, device="cuda", dtype=torch.bfloat16, num_blocks=64, block_size=16)
@@ -49,12 +50,34 @@ def test_cuda_bf16_logits_close_to_transformers(kind, tiny_model):
 
     step = StepInput((SeqSlice("a", tuple(prompt), 0, tuple(range(4)), GREEDY),))
     ids, pos, meta = runner._prepare(step.seqs)
+    torch.backends.cuda.matmul.allow_tf32 = False
     with torch.inference_mode():
         ours = runner.model.compute_logits(runner.model.forward(ids, pos, meta, runner.kv_pool)).float()
-        model = hf_model(folder).to(device="cuda", dtype=torch.bfloat16)
+        model = hf_model(folder).to(device="cuda")
+        truth = model(torch.tensor([prompt], device="cuda")).logits[0, -1:].float()
+        model = model.to(dtype=torch.bfloat16)
         ref = model(torch.tensor([prompt], device="cuda")).logits[0, -1:].float()
-    rel = (ours - ref).norm() / ref.norm()
-    assert rel < 3e-2, rel
+    return ours, ref, truth
+
+
+def _rel(a, b):
+    return ((a - b).norm() / b.norm()).item()
+
+
+@pytest.mark.parametrize("kind", ["llama3_rope", "qwen2", "qwen3"])
+def test_cuda_bf16_logits_close_to_transformers(kind, tiny_model):
+    ours, ref, _ = _last_logits_bf16(kind, tiny_model)
+    assert _rel(ours, ref) < 3e-2
+
+
+@pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe", "qwen3_moe"])
+def test_cuda_bf16_moe_logits_as_close_as_transformers(kind, tiny_model):
+    """A mixture of experts in bf16 adds roundings (and a near-tie of two experts can route a
+    token elsewhere): our bf16 logits are held to transformers' own bf16 error, measured
+    against the fp32 result, rather than to transformers' bf16 logits."""
+    ours, ref, truth = _last_logits_bf16(kind, tiny_model)
+    print(kind, "ours-vs-fp32", _rel(ours, truth), "hf-bf16-vs-fp32", _rel(ref, truth), "ours-vs-hf-bf16", _rel(ours, ref))
+    assert _rel(ours, truth) < max(2e-2, 1.5 * _rel(ref, truth))
 
 
 def _smollm2_dir():
