@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from gateway.auth import ApiKeys
+    from gateway.cors import Cors
     from gateway.hf_tokenizer import Tokenizer
 
 log = logging.getLogger("gateway")
@@ -18,7 +20,7 @@ SERVICE = "pdserve-gateway"
 
 
 def parser() -> argparse.ArgumentParser:
-    from gateway import procs
+    from gateway import cors, procs
     from gateway.reasoning import PARSERS as REASONING_PARSERS
     from gateway.tools import PARSERS
     from pdserve.metrics import add_otlp_metrics_arg
@@ -52,8 +54,26 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--reasoning-parser", choices=REASONING_PARSERS, default=None,
                    help="answer a thinking model's <think>...</think> as `reasoning` apart from the content "
                         "(OpenAI face, chat)")
+    p.add_argument("--api-key", action="append", default=None, metavar="KEY",
+                   help="require `Authorization: Bearer KEY` on the HTTP face (all but /health, /ping, /version, "
+                        "/metrics) and `authorization: Bearer KEY` metadata on pdserve.v1.Gateway; repeat to accept "
+                        "several keys (rotation). Absent: PDSERVE_API_KEY, else VLLM_API_KEY, else no key. A flag "
+                        "shows in `ps`: prefer the variable")
+    cors.add_args(p)
     procs.add_args(p)
     return p
+
+
+def access(args: argparse.Namespace) -> tuple[ApiKeys, Cors | None]:
+    """(ApiKeys, Cors or None) from the flags and the environment; SystemExit names a bad one."""
+    from gateway.auth import ApiKeys
+    from gateway.cors import Cors
+    from pdserve import api_keys
+
+    try:
+        return ApiKeys(api_keys.resolve(args.api_key, os.environ)), Cors.from_args(args)
+    except ValueError as e:
+        raise SystemExit(f"pdserve gateway: {e}")
 
 
 def build(args: argparse.Namespace):
@@ -101,23 +121,25 @@ def tokenizer(model_dir: Path, chat_template: str | None) -> Tokenizer:
 async def amain(args: argparse.Namespace) -> None:
     from grpc_reflection.v1alpha import reflection
 
+    from gateway.auth import GrpcKeyCheck
     from gateway.health import Monitor
     from gateway.openai_http import OpenAIServer
     from gateway.server import GatewayService, add_to_server
     from pdserve import metrics, serving
 
+    keys, cors = access(args)
+    names = ["pdserve.v1.Gateway"]
     generation, router = build(args)
     monitor = Monitor(router, period_s=args.health_period, warn_after_s=args.health_warn_after)
     monitor.start()
     shared = args.proc_index is not None  # one of --num-procs processes on the same ports
-    server = serving.new_server(reuse_port=shared)
+    server = serving.new_server(reuse_port=shared, interceptors=[GrpcKeyCheck(keys, names)] if keys else [])
     gateway_metrics = metrics.GatewayMetrics()
     metrics.serve(args.metrics_port, gateway_metrics.registry, args.host)
     otlp = metrics.export_otlp(args.otlp_metrics_endpoint, gateway_metrics.registry, SERVICE)
     add_to_server(GatewayService(generation, gateway_metrics), server)
     http = OpenAIServer(generation, gateway_metrics, tool_parser=args.tool_call_parser,
-                        reasoning_parser=args.reasoning_parser)
-    names = ["pdserve.v1.Gateway"]
+                        reasoning_parser=args.reasoning_parser, api_keys=keys, cors=cors)
     health = serving.add_health(server, names)
     reflection.enable_server_reflection([*names, "grpc.health.v1.Health", reflection.SERVICE_NAME], server)
 
@@ -154,6 +176,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parser().parse_args(argv)
     procs.check_args(args)
+    access(args)  # a bad key or CORS flag stops every process before any starts
     if procs.is_child(args):
         procs.child_setup(args)
     elif args.num_procs > 1:

@@ -1,8 +1,9 @@
 """OpenAI-compatible HTTP face of the gateway (aiohttp, in the gateway's event loop).
 
 `/v1/models`, `/v1/completions`, `/v1/chat/completions`, streamed (SSE) or not. Requests take
-the same `Generation` path as gRPC; errors are OpenAI-style JSON: 400 (naming the param), 404
-(unknown model), 429 (backpressure, with Retry-After), 503 (no worker, shutting down).
+the same `Generation` path as gRPC; errors are OpenAI-style JSON: 400 (naming the param), 401
+(--api-key: gateway.auth), 404 (unknown model), 429 (backpressure, with Retry-After), 503 (no
+worker, shutting down). CORS with --allowed-origins (gateway.cors).
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from opentelemetry import propagate
 
 from gateway import openai_schema as schema
 from gateway import chat_answer, responses_api, tokenize_api, tools
+from gateway import cors as cross_origin
 from gateway import reasoning as think
+from gateway.auth import ApiKeys, http_middleware
 from gateway.deadline import Deadline
 from gateway.errors import GatewayError, invalid
 from gateway.generation import UNKNOWN_MODEL, Generation
@@ -89,14 +92,19 @@ class OpenAIServer:
     """The aiohttp application and its listener; `start` binds, `stop` closes."""
 
     def __init__(self, generation: Generation, metrics: GatewayMetrics | None = None,
-                 tool_parser: str | None = None, reasoning_parser: str | None = None) -> None:
+                 tool_parser: str | None = None, reasoning_parser: str | None = None,
+                 api_keys: ApiKeys | None = None, cors: cross_origin.Cors | None = None) -> None:
         self.generation = generation
         self.tool_parser = tool_parser  # reads the calls of tool_choice "auto" (gateway.tools.PARSERS)
         self.reasoning_parser = reasoning_parser  # splits off a chat answer's thinking (gateway.reasoning)
         self.metrics = metrics
         self.words = schema.TokenText(generation.tokenizer, generation.byte_table)  # for logprobs
         self.runner: web.AppRunner | None = None
-        self.app = web.Application(client_max_size=16 << 20, middlewares=[json_errors])
+        guards = ([cross_origin.preflight_middleware(cors)] if cors else []) + (  # preflights carry no key
+            [http_middleware(api_keys)] if api_keys else [])
+        self.app = web.Application(client_max_size=16 << 20, middlewares=[*guards, json_errors])
+        if cors is not None:
+            cross_origin.add_response_headers(self.app, cors)
         self.app.add_routes([web.get("/v1/models", self.models), web.get("/v1/models/{name:.+}", self.model),
                              web.get("/health", self.health), web.get("/ping", self.health), web.post("/ping", self.health),
                              web.get("/version", self.version), web.get("/metrics", self.prometheus),

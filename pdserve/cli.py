@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import time
@@ -10,7 +11,7 @@ import time
 DEMO_QUESTION = "What is the capital of France?"
 
 
-def _up(argv: list[str]) -> None:
+def _up_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pdserve up", description="gateway + prefill + decode on 127.0.0.1")
     p.add_argument("--colocated", action="store_true", help="one worker runs prefill and decode (no KV transfer)")
     p.add_argument("--model", default=None)
@@ -27,7 +28,14 @@ def _up(argv: list[str]) -> None:
     p.add_argument("--reasoning-parser", default=None, help="the gateway's reasoning parser (deepseek_r1, qwen3)")
     p.add_argument("--generation-config", default=None, help="the gateway's sampling defaults: auto (the model's), "
                                                              "vllm or a folder")
-    args, worker_args = p.parse_known_args(argv)
+    p.add_argument("--api-key", action="append", default=None, metavar="KEY",
+                   help="the gateway's --api-key (repeatable); else it reads PDSERVE_API_KEY or VLLM_API_KEY")
+    p.add_argument("--allowed-origins", default=None, metavar="JSON", help="the gateway's CORS origins (off when absent)")
+    return p
+
+
+def _up(argv: list[str]) -> None:
+    args, worker_args = _up_parser().parse_known_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the services too, like Ctrl-C
     from pdserve.launch import Stack
     from pdserve.model.prepare import resolve_model
@@ -35,13 +43,8 @@ def _up(argv: list[str]) -> None:
     model = resolve_model(args.model)  # prepares the default model once, with a progress bar
     print(f"starting {'a colocated worker' if args.colocated else 'prefill, decode'} and gateway ...", flush=True)
     decode_args = ["--speculative-config", args.speculative_config] if args.speculative_config else []
-    gateway_args = ["--num-procs", args.gateway_procs]
-    for flag, value in (("--http-port", args.http_port), ("--chat-template", args.chat_template),
-                        ("--tool-call-parser", args.tool_call_parser), ("--reasoning-parser", args.reasoning_parser),
-                        ("--generation-config", args.generation_config)):
-        gateway_args += [flag, str(value)] if value is not None else []
     stack = Stack(model=str(model), worker_args=worker_args, echo=not args.quiet, colocated=args.colocated,
-                  decode_args=decode_args, gateway_args=gateway_args)
+                  decode_args=decode_args, gateway_args=_gateway_args(args))
     stack.start(gateway_port=args.port)
     try:
         for name, proc in stack.procs.items():
@@ -49,7 +52,8 @@ def _up(argv: list[str]) -> None:
         if args.http_port is not None:
             print(f"  {'openai':8s} http://127.0.0.1:{args.http_port}/v1")
         if args.demo:
-            _stream(stack.gateway, messages=[("user", DEMO_QUESTION)], max_tokens=64, temperature=0.0)
+            _stream(stack.gateway, (args.api_key or [None])[0], messages=[("user", DEMO_QUESTION)], max_tokens=64,
+                    temperature=0.0)
         print(f"serving on {stack.gateway}; try: pdserve generate --address {stack.gateway} \"Hello\"")
         print("Ctrl-C to stop", flush=True)
         while all(pr.popen.poll() is None for pr in stack.procs.values()):
@@ -61,17 +65,31 @@ def _up(argv: list[str]) -> None:
         stack.stop()
 
 
+def _gateway_args(args: argparse.Namespace) -> list[str]:
+    """The gateway's flags from `pdserve up`'s. A key from PDSERVE_API_KEY stays in the environment,
+    which the gateway inherits: only keys given as flags (already in `ps`) go on its command line."""
+    out = ["--num-procs", args.gateway_procs]
+    for flag, value in (("--http-port", args.http_port), ("--chat-template", args.chat_template),
+                        ("--tool-call-parser", args.tool_call_parser), ("--reasoning-parser", args.reasoning_parser),
+                        ("--generation-config", args.generation_config), ("--allowed-origins", args.allowed_origins)):
+        out += [flag, str(value)] if value is not None else []
+    for key in args.api_key or ():
+        out += ["--api-key", key]
+    return out
+
+
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def _stream(address: str, **kw: object) -> None:
+def _stream(address: str, api_key: str | None, **kw: object) -> None:
     """Print the text as it comes, then the finish; with logprobs, a line per token after it
-    (with prompt logprobs, first a line per prompt token after the first, marked `prompt`)."""
+    (with prompt logprobs, first a line per prompt token after the first, marked `prompt`).
+    api_key None: the environment's (pdserve.client.Client)."""
     from pdserve.client import Client, build_request
 
     entries, prompt = [], []
-    with Client(address) as client:
+    with Client(address, api_key=api_key) as client:
         for msg in client.stream(build_request(**kw)):
             if msg.HasField("chunk"):
                 print(msg.chunk.text, end="", flush=True)
@@ -91,6 +109,9 @@ def _generate(argv: list[str]) -> None:
     p = argparse.ArgumentParser(prog="pdserve generate", description="stream a completion from a gateway")
     p.add_argument("prompt")
     p.add_argument("--address", default="127.0.0.1:50051")
+    p.add_argument("--api-key", default=None, metavar="KEY",
+                   help="sent as `authorization: Bearer KEY` (a gateway with --api-key); "
+                        "default: PDSERVE_API_KEY, else VLLM_API_KEY")
     p.add_argument("--chat", action="store_true", help="send the prompt as a user chat message")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
@@ -125,8 +146,14 @@ def _generate(argv: list[str]) -> None:
     prompt = {"messages": [("user", a.prompt)]} if a.chat else {"text": a.prompt}
     import grpc
 
+    from pdserve import api_keys
+
+    try:  # a bad key stops here, naming the flag or the variable
+        api_keys.check_key(a.api_key, "--api-key") if a.api_key is not None else api_keys.from_env(os.environ)
+    except ValueError as e:
+        raise SystemExit(f"pdserve generate: {e}")
     try:
-        _stream(a.address, max_tokens=a.max_tokens, temperature=a.temperature, stop=a.stop, **prompt, **kw)
+        _stream(a.address, a.api_key, max_tokens=a.max_tokens, temperature=a.temperature, stop=a.stop, **prompt, **kw)
     except grpc.RpcError as e:
         raise SystemExit(f"error: {e.code().name}: {e.details()}")
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 import grpc
 
+from pdserve import api_keys
 from pdserve.proto import gateway_pb2, gateway_pb2_grpc
 from pdserve.serving import GRPC_OPTIONS
 
@@ -26,6 +28,15 @@ def build_request(
     elif token_ids is not None:
         req.token_ids.ids.extend(token_ids)
     return req
+
+
+def auth_metadata(api_key: str | None) -> tuple[tuple[str, str], ...]:
+    """The call metadata that carries api_key (None: PDSERVE_API_KEY, else VLLM_API_KEY, from the
+    environment, as the gateway reads its own); () where there is none."""
+    if api_key is None:
+        found = api_keys.from_env(os.environ)
+        api_key = None if found is None else found[1]
+    return () if api_key is None else (("authorization", api_keys.bearer(api_keys.check_key(api_key, "api_key"))),)
 
 
 class _Collected:
@@ -48,14 +59,17 @@ class _Collected:
 
 
 class Client:
-    """Blocking client; `generate` yields Chunk messages and returns after the Complete one."""
+    """Blocking client; `generate` yields Chunk messages and returns after the Complete one.
+    api_key: sent as `authorization: Bearer <key>` (a gateway with --api-key); None: from the
+    environment (PDSERVE_API_KEY, else VLLM_API_KEY), where set."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, api_key: str | None = None) -> None:
+        self.metadata = auth_metadata(api_key)
         self.channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
         self.stub = gateway_pb2_grpc.GatewayStub(self.channel)
 
     def stream(self, request: gateway_pb2.GenerateRequest, timeout: float | None = None) -> Iterator[gateway_pb2.GenerateResponse]:
-        return self.stub.Generate(request, timeout=timeout)
+        return self.stub.Generate(request, timeout=timeout, metadata=self.metadata)
 
     def generate(self, timeout: float | None = None, **kw: Any) -> tuple[str, list[int], gateway_pb2.Complete]:
         """Whole text, token ids and the Complete message of one request."""
@@ -75,9 +89,11 @@ class Client:
 
 
 class AsyncClient:
-    """asyncio client; cancel the consuming task (or use a timeout) to abort a request."""
+    """asyncio client; cancel the consuming task (or use a timeout) to abort a request. api_key:
+    as Client's."""
 
-    def __init__(self, address: str, own_connection: bool = False) -> None:
+    def __init__(self, address: str, own_connection: bool = False, api_key: str | None = None) -> None:
+        self.metadata = auth_metadata(api_key)
         # Channels to one address share one connection unless own_connection; a gateway with
         # --num-procs spreads connections, not requests, over its processes.
         local = [("grpc.use_local_subchannel_pool", 1)] if own_connection else []
@@ -85,7 +101,7 @@ class AsyncClient:
         self.stub = gateway_pb2_grpc.GatewayStub(self.channel)
 
     async def stream(self, request: gateway_pb2.GenerateRequest, timeout: float | None = None) -> AsyncIterator[gateway_pb2.GenerateResponse]:
-        async for msg in self.stub.Generate(request, timeout=timeout):
+        async for msg in self.stub.Generate(request, timeout=timeout, metadata=self.metadata):
             yield msg
 
     async def generate(self, timeout: float | None = None, **kw: Any) -> tuple[str, list[int], gateway_pb2.Complete]:

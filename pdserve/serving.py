@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -110,11 +110,11 @@ def logprobs_to_wire(lp: TokenLogprobs, out: worker_pb2.WorkerLogprobs) -> None:
         out.rank = lp.rank
 
 
-def new_server(reuse_port: bool = False) -> grpc.aio.Server:
+def new_server(reuse_port: bool = False, interceptors: Sequence[grpc.aio.ServerInterceptor] = ()) -> grpc.aio.Server:
     """A grpc.aio server; reuse_port lets several processes bind one port (SO_REUSEPORT), which is
     off by default so that a second server on a taken port fails instead of sharing it."""
     options = [o for o in GRPC_OPTIONS if o[0] != "grpc.so_reuseport"] + [("grpc.so_reuseport", int(reuse_port))]
-    return grpc.aio.server(options=options + SERVER_KEEPALIVE)
+    return grpc.aio.server(options=options + SERVER_KEEPALIVE, interceptors=list(interceptors) or None)
 
 
 def add_health(server: grpc.aio.Server, services: list[str]) -> health.aio.HealthServicer:

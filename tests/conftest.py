@@ -11,6 +11,10 @@ import pytest
 # start (three processes a stack), all on a 2-core CI box; each with a thread per core would
 # oversubscribe it. The services inherit the setting; tests that give their own keep theirs.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# The services and clients the tests start need no API key unless a test gives one (a key in the
+# developer's shell would lock them out of their own gateways).
+for _name in ("PDSERVE_API_KEY", "VLLM_API_KEY"):
+    os.environ.pop(_name, None)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -95,3 +95,16 @@ def test_health_checks_and_start_order(compose, name):
     if name.startswith("gateway"):
         suffix = name[len("gateway"):]
         assert {f"prefill{suffix}", f"decode{suffix}"} <= set(svc["depends_on"])
+
+
+def test_only_the_gateways_take_the_api_key(compose):
+    """PDSERVE_API_KEY passes from the host to the gateway (which reads it as --api-key), empty by
+    default (no key); the workers, which need none, never see it."""
+    for names in STACKS.values():
+        for name in names:
+            env = compose["services"][name]["environment"]
+            assert env["PDSERVE_CACHE"] == "/cache"
+            if name.startswith("gateway"):
+                assert env["PDSERVE_API_KEY"] == "${PDSERVE_API_KEY:-}" and interpolate(env["PDSERVE_API_KEY"]) == ""
+            else:
+                assert "PDSERVE_API_KEY" not in env, name

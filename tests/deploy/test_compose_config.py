@@ -7,6 +7,7 @@ file against the compose-spec schema exactly as `docker compose up` would before
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -27,9 +28,10 @@ def compose_binary() -> str:
     return str(path)
 
 
-def config(file: Path, *extra: str) -> subprocess.CompletedProcess:
+def config(file: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([compose_binary(), "-f", str(file), *extra, "config", "--format", "json"],
-                          capture_output=True, text=True, timeout=60, check=False, cwd=file.parent)
+                          capture_output=True, text=True, timeout=60, check=False, cwd=file.parent,
+                          env=None if env is None else {**os.environ, **env})
 
 
 @pytest.mark.parametrize("profile, expected", [
@@ -55,3 +57,17 @@ def test_compose_loader_rejects_a_mistyped_key(tmp_path):
     run = config(tmp_path / "docker-compose.yml")
     assert run.returncode != 0
     assert "helthcheck" in run.stderr, run.stderr
+
+
+@pytest.mark.parametrize("profile, gateway, workers", [((), "gateway", ("prefill", "decode")),
+                                                       (("--profile", "cpu"), "gateway-cpu", ("prefill-cpu", "decode-cpu"))])
+def test_the_api_key_reaches_the_gateway_alone(profile, gateway, workers):
+    """PDSERVE_API_KEY from the shell (or .env) becomes the gateway's; unset, it is empty (no key)."""
+    for env, want in (({"PDSERVE_API_KEY": "k-123"}, "k-123"), ({}, "")):
+        run = config(ROOT / "docker-compose.yml", *profile, env=env)
+        assert run.returncode == 0, run.stderr
+        services = json.loads(run.stdout)["services"]
+        assert services[gateway]["environment"]["PDSERVE_API_KEY"] == want
+        assert services[gateway]["environment"]["PDSERVE_CACHE"] == "/cache"  # the shared env stays
+        for name in workers:
+            assert "PDSERVE_API_KEY" not in services[name]["environment"], name

@@ -505,3 +505,106 @@ def test_vllm_text_options(client):
     with pytest.raises(openai.BadRequestError) as err:
         client.completions.create(**kw, stream=True, stream_options={"include_usage": True, "continuous_usage_stats": True})
     assert err.value.body["param"] == "stream_options.continuous_usage_stats"
+
+
+KEY, OTHER_KEY, ORIGIN = "e2e-secret-1", "e2e-secret-2", "https://app.example"
+
+
+@pytest.fixture(scope="module")
+def guarded(http, default_model_dir):
+    """(gRPC address, base url) of a second gateway, in front of the same workers, with two
+    --api-key and --allowed-origins."""
+    workers = http[0].workers
+    port = free_port()
+    st = Stack(model=str(default_model_dir))
+    try:
+        st.wait([st.spawn("gateway", "gateway", [
+            f"--prefill={workers['prefill']}", f"--decode={workers['decode']}", "--max-model-len", "512",
+            "--http-port", str(port), "--api-key", KEY, "--api-key", OTHER_KEY,
+            "--allowed-origins", json.dumps([ORIGIN])])], 120)
+        yield st.gateway, f"http://127.0.0.1:{port}/v1"
+    finally:
+        st.stop()
+
+
+def _call(url: str, body: dict | None = None, headers: dict | None = None, method: str | None = None
+          ) -> tuple[int, dict, bytes]:
+    """(status, headers, body) of one request to url (a JSON body makes it a POST)."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method, headers={"content-type": "application/json",
+                                                                         **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+
+
+def test_api_key_guards_the_openai_face_but_not_the_probes(http, guarded):
+    """vLLM's --api-key: 401 (an OpenAI error naming the header, never the key) without the key or
+    with a wrong one, on /v1 and /tokenize; the OpenAI SDK with either key is served; the probes stay open."""
+    _, url = guarded
+    root = url.removesuffix("/v1")
+    chat = {"model": "", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    for path, body in (("/v1/models", None), ("/v1/chat/completions", chat), ("/v1/completions", {"prompt": "a"}),
+                       ("/tokenize", {"prompt": "a"}), ("/detokenize", {"tokens": [1]})):
+        for headers, code in (({}, "missing_api_key"), ({"Authorization": "Bearer wrong"}, "invalid_api_key"),
+                              ({"Authorization": KEY}, "invalid_api_key")):
+            status, got, raw = _call(root + path, body, headers)
+            assert status == 401 and got["WWW-Authenticate"] == "Bearer", (path, headers, status)
+            error = json.loads(raw)["error"]
+            assert error["code"] == code and "`Authorization` header" in error["message"], error
+            assert b"e2e-secret" not in raw
+    for path in ("/health", "/ping", "/version", "/metrics"):
+        assert _call(root + path)[0] == 200, path
+    with openai.OpenAI(base_url=url, api_key="wrong", max_retries=0) as c:
+        with pytest.raises(openai.AuthenticationError) as err:
+            c.models.list()
+        assert err.value.body["message"] == "wrong API key in the `Authorization` header"
+    for key in (KEY, OTHER_KEY):
+        with openai.OpenAI(base_url=url, api_key=key, max_retries=0) as c:
+            assert [m.id for m in c.models.list().data]
+            r = c.chat.completions.create(**chat, temperature=0)
+            assert r.choices[0].message.content and r.usage.completion_tokens >= 1
+    assert _call(root + "/tokenize", {"prompt": "a"}, {"Authorization": f"Bearer {KEY}"})[0] == 200
+    assert_no_leaks(http[0])
+
+
+def test_api_key_guards_grpc_generate(http, guarded):
+    """pdserve.v1.Gateway needs `authorization: Bearer <key>` metadata (UNAUTHENTICATED naming
+    it); pdserve.client.Client(api_key=...) sends it; grpc.health.v1 stays open."""
+    import grpc
+
+    from pdserve.healthcheck import check
+
+    address, _ = guarded
+    assert check(address, "pdserve.v1.Gateway")
+    for key, words in ((None, "missing API key"), ("wrong", "wrong API key")):
+        with Client(address, api_key=key) as c, pytest.raises(grpc.RpcError) as err:
+            c.generate(text="Hi", max_tokens=2)
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert words in err.value.details() and "`authorization` metadata" in err.value.details()
+    with Client(address, api_key=OTHER_KEY) as c:
+        text, ids, done = c.generate(text="The capital of France is", max_tokens=4, temperature=0.0, ignore_eos=True)
+    assert len(ids) == 4 and done.usage.completion_tokens == 4
+    assert_no_leaks(http[0])
+
+
+def test_cors_only_where_origins_are_allowed(http, guarded):
+    """--allowed-origins: a preflight is answered without a key and the answers (a 401, a stream)
+    carry Access-Control-Allow-Origin; a gateway without the flag sends no CORS headers."""
+    url = guarded[1]
+    asked = {"Origin": ORIGIN, "Access-Control-Request-Method": "POST",
+             "Access-Control-Request-Headers": "authorization, content-type"}
+    status, headers, _ = _call(url + "/chat/completions", headers=asked, method="OPTIONS")
+    assert status == 200 and headers["Access-Control-Allow-Origin"] == ORIGIN
+    assert "POST" in headers["Access-Control-Allow-Methods"] and "authorization" in headers["Access-Control-Allow-Headers"]
+    assert _call(url + "/chat/completions", headers={**asked, "Origin": "https://evil.example"}, method="OPTIONS")[0] == 400
+    body = {"model": "", "prompt": "Hi", "max_tokens": 2, "stream": True}
+    status, headers, _ = _call(url + "/completions", body, {"Origin": ORIGIN})
+    assert status == 401 and headers["Access-Control-Allow-Origin"] == ORIGIN
+    status, headers, raw = _call(url + "/completions", body, {"Origin": ORIGIN, "Authorization": f"Bearer {KEY}"})
+    assert status == 200 and headers["Access-Control-Allow-Origin"] == ORIGIN and raw.endswith(b"data: [DONE]\n\n")
+    plain = _call(http[1] + "/completions", {**body, "stream": False}, {"Origin": ORIGIN})
+    assert plain[0] == 200 and not any(h.lower().startswith("access-control-") for h in plain[1])
+    assert_no_leaks(http[0])
