@@ -29,7 +29,7 @@ from pdserve.kernels._common import interpreting
 from pdserve.kernels.silu_and_mul import silu_and_mul
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["pairs"])  # T*k follows the batch: one variant for all
 def _moe_gemm_kernel(
     a_ptr, w_ptr, c_ptr, rows_ptr, tile_expert_ptr, pairs, n_out, k_in, num_experts,
     stride_a, stride_we, stride_wn, stride_c,

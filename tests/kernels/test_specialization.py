@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 
 from pdserve.core.sampling import SamplingParams
@@ -25,6 +26,12 @@ SPEC = ModelSpec.from_config_dict(dict(
     model_type="llama", hidden_size=64, intermediate_size=96, num_hidden_layers=1,
     num_attention_heads=4, num_key_value_heads=2, vocab_size=128, max_position_embeddings=512,
 ))
+# a mixture of experts: prefill steps take the expert tiles, decode steps the per-pair gemv
+MOE_SPEC = ModelSpec.from_config_dict(dict(
+    model_type="qwen3_moe", hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4,
+    num_key_value_heads=2, vocab_size=128, max_position_embeddings=512, num_experts=8, num_experts_per_tok=2,
+    moe_intermediate_size=32,
+))
 BS = 4
 
 
@@ -37,7 +44,8 @@ def spec_class(value: object) -> object:
     return ("int", value == 1, value % 16 == 0, -2**31 <= value < 2**31)
 
 
-def test_steps_of_any_shape_share_one_variant_per_kernel() -> None:
+@pytest.mark.parametrize("spec", [SPEC, MOE_SPEC], ids=["dense", "moe"])
+def test_steps_of_any_shape_share_one_variant_per_kernel(spec: ModelSpec) -> None:
     seen: dict[str, set] = {}
     found = list(launchable_kernels().values())
     assert any(k.__name__ == "_prefill_kernel" for k in found), [k.__name__ for k in found]
@@ -53,7 +61,7 @@ def test_steps_of_any_shape_share_one_variant_per_kernel() -> None:
         k.add_pre_run_hook(record)
     try:
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        runner = ModelRunner(SPEC, None, device=device, dtype=torch.float32, num_blocks=96, block_size=BS,
+        runner = ModelRunner(spec, None, device=device, dtype=torch.float32, num_blocks=96, block_size=BS,
                              load_format="dummy", ops=triton_ops, enforce_eager=True)
         rng = random.Random(0)
         greedy = SamplingParams(temperature=0.0)
@@ -74,5 +82,7 @@ def test_steps_of_any_shape_share_one_variant_per_kernel() -> None:
         for k in found:
             k.pre_run_hooks.clear()
     assert "_prefill_kernel" in seen and "_decode_kernel" in seen
+    if spec.num_experts:
+        assert "_moe_gemm_kernel" in seen and "_moe_gemv_kernel" in seen, sorted(seen)
     many = {name: len(v) for name, v in seen.items() if len(v) > 1}
     assert not many, f"kernels launched with several specializations: {many}"
