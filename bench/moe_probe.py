@@ -60,8 +60,8 @@ def tiled(x, weights, ids, gate_up, down, bm, bn, bk, stages):
 def gemv(x, weights, ids, gate_up, down):
     t, k = ids.shape
     flat = ids.reshape(-1)
-    out = _gemv(_gemv(x, gate_up, flat, k, glu=True), down, flat, 1, glu=False)
-    return (out.view(t, k, H).float() * weights[:, :, None]).sum(1).to(x.dtype)
+    scale = weights.reshape(-1)
+    return _gemv(_gemv(x, gate_up, flat, scale, k, True), down, flat, scale, k, False)
 
 
 def op_rows() -> dict:

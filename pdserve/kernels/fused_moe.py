@@ -11,10 +11,11 @@ Two launches of the same kernel around a SiLU-and-mul: x @ gate_up[e]^T, then @ 
 a token's k rows are then weighted by the router and summed in float32 (rounded where the
 reference rounds them).
 
-Few pairs (decode at small batches) skip the grouping: one program per (pair, BLOCK_N rows of
-its expert's weight) streams those rows as the batch-1 gemv does (pdserve.kernels.gemv), with
-the SiLU-and-mul in the gate_up launch's epilogue. Pairs sharing an expert then read its
-weights once each, which costs little while pairs are few and mostly on distinct experts.
+Few pairs (decode at small batches) skip the grouping: a program streams BLOCK_N rows of a
+pair's expert weight as the batch-1 gemv does (pdserve.kernels.gemv), with the SiLU-and-mul in
+the gate_up launch's epilogue, and the down launch sums a token's k pairs, router-scaled, in
+its accumulator (no [T*k, H] intermediate, no separate sum). Pairs sharing an expert then read
+its weights once each, which costs little while pairs are few and mostly on distinct experts.
 """
 
 from __future__ import annotations
@@ -58,13 +59,15 @@ def _moe_gemm_kernel(
 
 @triton.jit
 def _moe_gemv_kernel(
-    a_ptr, w_ptr, c_ptr, ids_ptr, n_out, k_in, stride_a, stride_we, stride_wn, stride_c,
-    A_DIV: tl.constexpr, GLU: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    a_ptr, w_ptr, c_ptr, ids_ptr, scale_ptr, n_out, k_in, stride_a, stride_we, stride_wn, stride_c,
+    A_DIV: tl.constexpr, PAIRS: tl.constexpr, GLU: tl.constexpr, SCALE: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    pair = tl.program_id(0)
+    """Program (i, pid) writes BLOCK_N columns of output row i: the sum over pairs i*PAIRS ..
+    i*PAIRS + PAIRS-1 of (scale of the pair) * (its expert's rows @ input row pair // A_DIV).
+    gate_up: one pair a row (A_DIV = k, GLU); down: a token's k pairs a row, router-scaled."""
+    i = tl.program_id(0)
     pid = tl.program_id(1)
-    e = tl.load(ids_ptr + pair).to(tl.int64)
-    a_row = a_ptr + (pair // A_DIV).to(tl.int64) * stride_a
     if GLU:  # BLOCK_N / 2 gate rows and the matching up rows (n_out + those): silu(g) * u
         j = tl.arange(0, BLOCK_N)
         o = pid * (BLOCK_N // 2) + j % (BLOCK_N // 2)
@@ -73,16 +76,21 @@ def _moe_gemv_kernel(
     else:
         n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         nmask = n < n_out
-    rows = w_ptr + e * stride_we + n.to(tl.int64)[:, None] * stride_wn
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    for k0 in range(0, k_in, BLOCK_K):
-        k = k0 + tl.arange(0, BLOCK_K)
-        kmask = k < k_in
-        x = tl.load(a_row + k, mask=kmask, other=0.0).to(tl.float32)
-        w = tl.load(rows + k[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
-        acc += w.to(tl.float32) * x[None, :]
+    for p in tl.static_range(PAIRS):
+        pair = i * PAIRS + p
+        e = tl.load(ids_ptr + pair).to(tl.int64)
+        a_row = a_ptr + (pair // A_DIV).to(tl.int64) * stride_a
+        rows = w_ptr + e * stride_we + n.to(tl.int64)[:, None] * stride_wn
+        s = tl.load(scale_ptr + pair) if SCALE else 1.0
+        for k0 in range(0, k_in, BLOCK_K):
+            k = k0 + tl.arange(0, BLOCK_K)
+            kmask = k < k_in
+            x = tl.load(a_row + k, mask=kmask, other=0.0).to(tl.float32) * s
+            w = tl.load(rows + k[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
+            acc += w.to(tl.float32) * x[None, :]
     y = tl.sum(acc, 1)
-    out = c_ptr + pair.to(tl.int64) * stride_c
+    out = c_ptr + i.to(tl.int64) * stride_c
     if GLU:
         gate, up = tl.split(tl.trans(tl.reshape(y, [2, BLOCK_N // 2])))
         o = pid * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
@@ -134,16 +142,19 @@ def _tiled_gemm(a: torch.Tensor, w: torch.Tensor, rows: torch.Tensor, tile_exper
     return out
 
 
-def _gemv(a: torch.Tensor, w: torch.Tensor, ids: torch.Tensor, a_div: int, glu: bool) -> torch.Tensor:
+def _gemv(a: torch.Tensor, w: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, top_k: int,
+          gate_up: bool) -> torch.Tensor:
+    """gate_up: [T*k, I] activations of the pairs; down: [T, H], each token's k pairs summed
+    with their router weights. ids and weights: the pairs', [T*k] contiguous."""
     _, n, k_in = w.shape
-    n_out = n // 2 if glu else n
-    pairs = ids.numel()
-    out = torch.empty((pairs, n_out), dtype=a.dtype, device=a.device)
-    block_n = 16 if glu else 8
+    n_out = n // 2 if gate_up else n
+    out = torch.empty((ids.numel() // (1 if gate_up else top_k), n_out), dtype=a.dtype, device=a.device)
+    block_n = 16 if gate_up else 8
     block_k = 512 if k_in % 512 == 0 else 256 if k_in % 256 == 0 else 128
-    grid = (pairs, triton.cdiv(n_out, block_n // 2 if glu else block_n))
-    _moe_gemv_kernel[grid](a, w, out, ids, n_out, k_in, a.stride(0), w.stride(0), w.stride(1), out.stride(0),
-                           A_DIV=a_div, GLU=glu, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4)
+    grid = (out.shape[0], triton.cdiv(n_out, block_n // 2 if gate_up else block_n))
+    _moe_gemv_kernel[grid](a, w, out, ids, weights, n_out, k_in, a.stride(0), w.stride(0), w.stride(1), out.stride(0),
+                           A_DIV=top_k if gate_up else 1, PAIRS=1 if gate_up else top_k, GLU=gate_up,
+                           SCALE=not gate_up, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4)
     return out
 
 
@@ -176,11 +187,11 @@ def moe_experts(
         return torch.zeros_like(x)
     pairs = t * k
     if gemv if gemv is not None else pairs <= GEMV_MAX_PAIRS:
-        flat = ids.reshape(-1).contiguous()
-        out = _gemv(_gemv(x, gate_up, flat, k, glu=True), down, flat, 1, glu=False)
-    else:
-        block_m = 16
-        rows, tile_expert = expert_tiles(ids, e, block_m)
-        act = silu_and_mul(_tiled_gemm(x, gate_up, rows, tile_expert, pairs, k, block_m))
-        out = _tiled_gemm(act, down, rows, tile_expert, pairs, 1, block_m)
+        flat, scale = ids.reshape(-1).contiguous(), weights.reshape(-1).contiguous()
+        return _gemv(_gemv(x, gate_up, flat, scale, k, True), down, flat, scale, k, False)
+    # big tiles once there are many rows an expert (measured on an H100, moe-probe-h100-2026-12-08-s30b.json)
+    block_m, block_n, block_k, stages = (64, 128, 64, 3) if pairs >= 2048 else (16, 64, 128, 3)
+    rows, tile_expert = expert_tiles(ids, e, block_m)
+    act = silu_and_mul(_tiled_gemm(x, gate_up, rows, tile_expert, pairs, k, block_m, block_n, block_k, stages))
+    out = _tiled_gemm(act, down, rows, tile_expert, pairs, 1, block_m, block_n, block_k, stages)
     return (out.view(t, k, h).float() * weights[:, :, None]).sum(1).to(x.dtype)

@@ -116,8 +116,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 def moe_route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Router logits [T, E] -> (weights [T, k] float32, expert ids [T, k] int64): the softmax
-    over all experts (in float32), its k largest, renormalized to sum to 1 if asked. Plain
-    torch ops of fixed shapes, so the CUDA path (and its graphs) runs this one too."""
+    over all experts (in float32), its k largest, renormalized to sum to 1 if asked."""
     probs = torch.softmax(logits.float(), dim=-1)
     weights, ids = torch.topk(probs, top_k, dim=-1)
     if renormalize:

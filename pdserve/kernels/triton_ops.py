@@ -2,8 +2,8 @@
 
 The model calls ops through a namespace (pdserve.kernels.reference on CPU, pdserve.kernels.triton_ops on
 CUDA). Imports Triton at module import, so import this module only where Triton runs (CUDA,
-or CPU with TRITON_INTERPRET=1). rope_cos_sin builds a table once, gather_kv is a debug
-helper and moe_route is a softmax and a top-k; they stay in plain torch.
+or CPU with TRITON_INTERPRET=1). rope_cos_sin builds a table once and gather_kv is a debug
+helper; both stay in plain torch.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from pdserve.kernels.decode_rotary_attention import decode_rotary_attention
 from pdserve.kernels.fused_moe import moe_experts
 from pdserve.kernels.gemv import linear, norm_glu, norm_linear
 from pdserve.kernels.prefill_attention import paged_prefill_attention
-from pdserve.kernels.reference import gather_kv, moe_route, rope_cos_sin
+from pdserve.kernels.moe_route import moe_route
+from pdserve.kernels.reference import gather_kv, rope_cos_sin
 from pdserve.kernels.rms_norm import rms_norm
 from pdserve.kernels.rotary import rotary
 from pdserve.kernels.rotary_write_kv import rotary_write_kv

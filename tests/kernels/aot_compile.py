@@ -19,6 +19,7 @@ assert os.environ.get("TRITON_INTERPRET", "0") != "1", "run with TRITON_INTERPRE
 from pdserve.kernels.decode_attention import _decode_kernel, _merge_kernel  # noqa: E402
 from pdserve.kernels.fused_moe import _moe_gemm_kernel, _moe_gemv_kernel  # noqa: E402
 from pdserve.kernels.gemv import _gemv_kernel  # noqa: E402
+from pdserve.kernels.moe_route import _moe_route_kernel  # noqa: E402
 from pdserve.kernels.nucleus import _nucleus_kernel  # noqa: E402
 from pdserve.kernels.penalties import _penalties_kernel  # noqa: E402
 from pdserve.kernels.prefill_attention import _prefill_kernel  # noqa: E402
@@ -130,8 +131,13 @@ def elementwise(dt: str) -> None:
                                           "tile_expert_ptr": "*i32"},
                        {"A_DIV": a_div, "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "PRECISION": "tf32",
                         "DOT_F32": False})
-        compile_kernel(_moe_gemv_kernel, {"a_ptr": f"*{dt}", "w_ptr": f"*{dt}", "c_ptr": f"*{dt}", "ids_ptr": "*i64"},
-                       {"A_DIV": a_div, "GLU": a_div != 1, "BLOCK_N": 16 if a_div != 1 else 8, "BLOCK_K": 512})
+        glu = a_div != 1
+        compile_kernel(_moe_gemv_kernel, {"a_ptr": f"*{dt}", "w_ptr": f"*{dt}", "c_ptr": f"*{dt}", "ids_ptr": "*i64",
+                                          "scale_ptr": "*fp32"},
+                       {"A_DIV": a_div, "PAIRS": 1 if glu else 8, "GLU": glu, "SCALE": not glu,
+                        "BLOCK_N": 16 if glu else 8, "BLOCK_K": 512})
+    compile_kernel(_moe_route_kernel, {"logits_ptr": f"*{dt}", "w_ptr": "*fp32", "ids_ptr": "*i64"},
+                   {"TOP_K": 8, "K_PAD": 8, "RENORM": True, "BLOCK_E": 128}, num_warps=1)
     compile_kernel(_copy_blocks_kernel, {p: "*i32" for p in ("src_ptr", "dst_ptr", "src_ids_ptr", "dst_ids_ptr")},
                    {"BLOCK": 2048})
     for cache_dt, qmax, is_int in ((dt, 1.0, False), ("fp8e4nv", 448.0, False), ("i8", 127.0, True)):
