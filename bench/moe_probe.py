@@ -91,6 +91,34 @@ def op_rows() -> dict:
     return out
 
 
+def gemv_sweep() -> dict:
+    """The gemv path's tile knobs at 1, 4 and 8 tokens: gate_up and down launches apart."""
+    gate_up = torch.randn(E, 2 * I, H, device="cuda", dtype=torch.bfloat16) * 0.02
+    down = torch.randn(E, H, I, device="cuda", dtype=torch.bfloat16) * 0.02
+    out: dict = {}
+    for t in (1, 4, 8):
+        x = torch.randn(t, H, device="cuda", dtype=torch.bfloat16)
+        weights, ids = reference.moe_route(torch.randn(t, E, device="cuda"), K, True)
+        flat, scale = ids.reshape(-1), weights.reshape(-1)
+        act = _gemv(x, gate_up, flat, scale, K, True)
+        want = reference.moe_experts(x, weights, ids, gate_up, down).float()
+        row = {}
+        for bn in (8, 16, 32):
+            for warps in (2, 4):
+                row[f"gate_up_bn{bn}_w{warps}"] = graph_us(
+                    lambda bn=bn, warps=warps: _gemv(x, gate_up, flat, scale, K, True, bn, warps))
+        for bn in (2, 4, 8, 16):
+            for warps in (1, 2, 4):
+                fn = lambda bn=bn, warps=warps: _gemv(act, down, flat, scale, K, False, bn, warps)  # noqa: E731
+                err = ((fn().float() - want).norm() / want.norm()).item()
+                row[f"down_bn{bn}_w{warps}"] = graph_us(fn)
+                assert err < 2e-2, (t, bn, warps, err)
+        out[str(t)] = row
+        best = {kind: min((v, k) for k, v in row.items() if k.startswith(kind)) for kind in ("gate_up", "down")}
+        print("gemv sweep", t, {k: round(v, 1) for k, v in row.items()}, "best", best, flush=True)
+    return out
+
+
 def step_kernels(layers: int = 4) -> list:
     cfg = json.loads((CONFIGS / "qwen3-30b-a3b.json").read_text()) | {"num_hidden_layers": layers}
     spec = ModelSpec.from_config_dict(cfg)
@@ -116,9 +144,14 @@ def step_kernels(layers: int = 4) -> list:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
+    p.add_argument("--sweep", action="store_true", help="the gemv path's knobs only")
     a = p.parse_args()
     torch.manual_seed(0)
     res = {"gpu": torch.cuda.get_device_name(), "shape": {"experts": E, "top_k": K, "hidden": H, "inter": I}}
+    if a.sweep:
+        res["gemv_sweep"] = gemv_sweep()
+        Path(a.out).write_text(json.dumps(res, indent=1))
+        return
     res["op"] = op_rows()
     Path(a.out).write_text(json.dumps(res, indent=1))
     res["bs1_step_kernels"] = step_kernels()

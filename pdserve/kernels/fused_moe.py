@@ -143,18 +143,18 @@ def _tiled_gemm(a: torch.Tensor, w: torch.Tensor, rows: torch.Tensor, tile_exper
 
 
 def _gemv(a: torch.Tensor, w: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, top_k: int,
-          gate_up: bool) -> torch.Tensor:
+          gate_up: bool, block_n: int | None = None, num_warps: int = 4) -> torch.Tensor:
     """gate_up: [T*k, I] activations of the pairs; down: [T, H], each token's k pairs summed
     with their router weights. ids and weights: the pairs', [T*k] contiguous."""
     _, n, k_in = w.shape
     n_out = n // 2 if gate_up else n
     out = torch.empty((ids.numel() // (1 if gate_up else top_k), n_out), dtype=a.dtype, device=a.device)
-    block_n = 16 if gate_up else 8
+    block_n = block_n or (16 if gate_up else 8)
     block_k = 512 if k_in % 512 == 0 else 256 if k_in % 256 == 0 else 128
     grid = (out.shape[0], triton.cdiv(n_out, block_n // 2 if gate_up else block_n))
     _moe_gemv_kernel[grid](a, w, out, ids, weights, n_out, k_in, a.stride(0), w.stride(0), w.stride(1), out.stride(0),
                            A_DIV=top_k if gate_up else 1, PAIRS=1 if gate_up else top_k, GLU=gate_up,
-                           SCALE=not gate_up, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4)
+                           SCALE=not gate_up, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps)
     return out
 
 
