@@ -64,7 +64,7 @@ def load_weights(
         for name, shape in weight_shapes(spec).items():
             if name == "lm_head" and spec.tie_word_embeddings:
                 continue
-            groups, stack = hf_groups(spec, name, where)
+            groups, stack = _hf_groups(spec, name, where)
             missing = [n for g in groups for n in g if n not in where]
             if missing:
                 raise ValueError(f"{model_dir}: tensor {missing[0]!r} is missing (needed for {name})")
@@ -102,14 +102,14 @@ def copy_into_hf(spec: ModelSpec, weights: dict[str, torch.Tensor], state: dict[
     """The inverse of load_weights: our tensors split back into a transformers model's
     `state_dict()` tensors (to run transformers on the same random weights in a benchmark)."""
     for name, t in weights.items():
-        groups, stacked = hf_groups(spec, name, state)
+        groups, stacked = _hf_groups(spec, name, state)
         for names, piece in zip(groups, t.unbind(0) if stacked else (t,)):
             parts = piece.split([state[n].shape[0] for n in names]) if len(names) > 1 else (piece,)
             for n, part in zip(names, parts):
                 state[n].copy_(part)
 
 
-def hf_groups(spec: ModelSpec, name: str, present: dict[str, object]) -> tuple[list[tuple[str, ...]], bool]:
+def _hf_groups(spec: ModelSpec, name: str, present: dict[str, object]) -> tuple[list[tuple[str, ...]], bool]:
     """The HF tensors that make our tensor `name`: groups whose tensors are concatenated along
     dim 0, and whether the groups (a routed MLP's experts, one each) are then stacked."""
     if not name.startswith("layers."):
