@@ -42,3 +42,12 @@ def resolve(flags: Sequence[str] | None, environ: Mapping[str, str], flag: str =
 def bearer(key: str) -> str:
     """The `authorization` value that carries key."""
     return f"{SCHEME} {key}"
+
+
+def client_authorization(api_key: str | None, environ: Mapping[str, str]) -> str:
+    """What a client sends as `authorization` for api_key (None: the environment's key, as the
+    gateway reads its own); "" where there is no key."""
+    if api_key is None:
+        found = from_env(environ)
+        api_key = None if found is None else found[1]
+    return "" if api_key is None else bearer(check_key(api_key, "api_key"))

@@ -33,10 +33,8 @@ def build_request(
 def auth_metadata(api_key: str | None) -> tuple[tuple[str, str], ...]:
     """The call metadata that carries api_key (None: PDSERVE_API_KEY, else VLLM_API_KEY, from the
     environment, as the gateway reads its own); () where there is none."""
-    if api_key is None:
-        found = api_keys.from_env(os.environ)
-        api_key = None if found is None else found[1]
-    return () if api_key is None else (("authorization", api_keys.bearer(api_keys.check_key(api_key, "api_key"))),)
+    value = api_keys.client_authorization(api_key, os.environ)
+    return (("authorization", value),) if value else ()
 
 
 class _Collected:

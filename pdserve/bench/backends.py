@@ -29,8 +29,9 @@ class Backend(Protocol):
 class GrpcBackend:
     """pdserve.v1.Gateway/Generate with token-id prompts, greedy sampling and ignore_eos."""
 
-    def __init__(self, address: str, model: str = "", timeout: float | None = None) -> None:
-        self.client = AsyncClient(address)
+    def __init__(self, address: str, model: str = "", timeout: float | None = None,
+                 api_key: str | None = None) -> None:
+        self.client = AsyncClient(address, api_key=api_key)
         self.model = model
         self.timeout = timeout
 
@@ -80,12 +81,14 @@ def _finish(out: RequestOutput, done: gateway_pb2.Complete | None) -> RequestOut
     return out
 
 
-def make_backend(name: str, address: str, model: str = "", timeout: float | None = None) -> Backend:
-    """The backend called name (address is host:port for both)."""
+def make_backend(name: str, address: str, model: str = "", timeout: float | None = None,
+                 api_key: str | None = None) -> Backend:
+    """The backend called name (address is host:port for both); api_key None: from the
+    environment (PDSERVE_API_KEY, else VLLM_API_KEY), as pdserve.client does."""
     if name == "grpc":
-        return GrpcBackend(address, model, timeout)
+        return GrpcBackend(address, model, timeout, api_key)
     if name == "openai-http":
         from pdserve.bench.http_backend import OpenAIHttpBackend
 
-        return OpenAIHttpBackend(address, model, timeout)
+        return OpenAIHttpBackend(address, model, timeout, api_key)
     raise SystemExit(f"pdserve bench: unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")

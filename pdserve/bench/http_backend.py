@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from pdserve.api_keys import client_authorization
 from pdserve.bench.datasets import BenchRequest
 from pdserve.bench.metrics import RequestOutput
 
@@ -48,13 +50,15 @@ async def sse_events(reader: asyncio.StreamReader, chunked: bool) -> AsyncIterat
                 yield payload
 
 
-async def _open(host: str, port: int, path: str, body: dict[str, Any] | None) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bool]:
-    """Sends a POST (a GET when body is None); returns the stream after the headers and whether the
-    body is chunked."""
+async def _open(host: str, port: int, path: str, body: dict[str, Any] | None,
+                auth: str = "") -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bool]:
+    """Sends a POST (a GET when body is None), with `auth` as its Authorization header if any;
+    returns the stream after the headers and whether the body is chunked."""
     reader, writer = await asyncio.open_connection(host, port)
     raw = b"" if body is None else json.dumps(body).encode()
+    auth_line = f"Authorization: {auth}\r\n" if auth else ""
     writer.write(f"{'GET' if body is None else 'POST'} {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-                 f"Accept: text/event-stream\r\nContent-Length: {len(raw)}\r\nConnection: close\r\n\r\n".encode() + raw)
+                 f"{auth_line}Accept: text/event-stream\r\nContent-Length: {len(raw)}\r\nConnection: close\r\n\r\n".encode() + raw)
     await writer.drain()
     status = (await reader.readline()).decode().split()
     headers: dict[str, str] = {}
@@ -71,10 +75,12 @@ async def _open(host: str, port: int, path: str, body: dict[str, Any] | None) ->
 class OpenAIHttpBackend:
     """Streams /v1/completions with token-id prompts, greedy sampling and ignore_eos."""
 
-    def __init__(self, address: str, model: str = "", timeout: float | None = None) -> None:
+    def __init__(self, address: str, model: str = "", timeout: float | None = None,
+                 api_key: str | None = None) -> None:
         hostport = address.split("://", 1)[-1].rstrip("/")
         host, _, port = hostport.rpartition(":")
         self.host, self.port, self.model, self.timeout = host or "127.0.0.1", int(port), model, timeout
+        self.auth = client_authorization(api_key, os.environ)
 
     def _body(self, req: BenchRequest) -> dict[str, Any]:
         return {"model": self.model or None, "prompt": list(req.prompt_ids), "max_tokens": req.output_len,
@@ -92,7 +98,7 @@ class OpenAIHttpBackend:
 
     async def _stream(self, req: BenchRequest, out: RequestOutput) -> None:
         out.start = last = time.perf_counter()
-        reader, writer, chunked = await _open(self.host, self.port, "/v1/completions", self._body(req))
+        reader, writer, chunked = await _open(self.host, self.port, "/v1/completions", self._body(req), self.auth)
         try:
             async for payload in sse_events(reader, chunked):
                 now, data = time.perf_counter(), json.loads(payload)
@@ -116,14 +122,14 @@ class OpenAIHttpBackend:
         """GET /v1/models: the served model's max_model_len (vLLM's field), or None; exits clearly when
         nothing speaks OpenAI HTTP at the address."""
         try:
-            reader, writer, chunked = await asyncio.wait_for(_open(self.host, self.port, "/v1/models", None), 10)
+            reader, writer, chunked = await asyncio.wait_for(_open(self.host, self.port, "/v1/models", None, self.auth), 10)
             body = b"".join([c async for c in _chunks(reader, chunked)])
             writer.close()
             models = json.loads(body).get("data") or [{}]
         except (OSError, HttpError, ValueError, asyncio.TimeoutError, asyncio.IncompleteReadError) as e:
             raise SystemExit(f"pdserve bench: --backend openai-http: no OpenAI HTTP server at {self.host}:{self.port} "
-                             f"({type(e).__name__}: {e}). The pdserve gateway's OpenAI HTTP face is not built yet; "
-                             "use --backend grpc against the gateway's gRPC port.") from None
+                             f"({type(e).__name__}: {e}); start the gateway with --http-port, or use --backend grpc "
+                             "against its gRPC port") from None
         return models[0].get("max_model_len")
 
     async def close(self) -> None:

@@ -22,6 +22,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", default="grpc", choices=BACKENDS)
     p.add_argument("--address", default="127.0.0.1:50051", help="gateway host:port")
     p.add_argument("--model", default="", help="model name to send (default: whatever the gateway serves)")
+    p.add_argument("--api-key", default=None, help="a gateway's --api-key (default: $PDSERVE_API_KEY, else $VLLM_API_KEY)")
     p.add_argument("--dataset-name", default="random", choices=datasets.DATASETS)
     p.add_argument("--num-prompts", type=int, default=100)
     p.add_argument("--input-len", type=int, default=256)
@@ -56,7 +57,7 @@ def parse_rates(text: str) -> list[float]:
 async def bench(args: argparse.Namespace, backend: Backend | None = None) -> dict[str, Any]:
     """Every run of args (one per request rate); returns the JSON document and prints the tables."""
     slos, rates = parse_goodput(args.goodput), parse_rates(args.request_rate)
-    backend = backend or make_backend(args.backend, args.address, args.model, args.timeout)
+    backend = backend or make_backend(args.backend, args.address, args.model, args.timeout, args.api_key)
     try:
         max_len = await backend.max_model_len()
         requests = datasets.build(args.dataset_name, args.num_prompts + args.num_warmups, input_len=args.input_len,

@@ -63,10 +63,10 @@ def test_bench_against_real_cpu_cluster(tmp_path: Path, default_model_dir: Path)
     assert doc["total_output_tokens"] == 36
 
 
-def test_openai_http_backend_says_it_is_not_built() -> None:
+def test_openai_http_backend_names_a_missing_http_face() -> None:
     from pdserve.launch import free_port
 
     r = subprocess.run([sys.executable, "-m", "pdserve.cli", "bench", "--backend", "openai-http",
                         "--address", f"127.0.0.1:{free_port()}"],
                        capture_output=True, text=True, timeout=60, cwd=ROOT)
-    assert r.returncode != 0 and "HTTP face is not built yet" in r.stderr
+    assert r.returncode != 0 and "no OpenAI HTTP server at" in r.stderr and "--http-port" in r.stderr

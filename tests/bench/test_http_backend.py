@@ -15,13 +15,18 @@ def _chunk(data: bytes) -> bytes:
     return f"{len(data):x}\r\n".encode() + data + b"\r\n"
 
 
-async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """GET /v1/models, or a streamed completion of max_tokens one-token chunks 10 ms apart."""
+async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, auth: list[str] | None = None) -> None:
+    """GET /v1/models, or a streamed completion of max_tokens one-token chunks 10 ms apart;
+    each request's Authorization header ("" when none) is appended to auth."""
     request_line = (await reader.readline()).decode()
-    length = 0
+    length, seen = 0, ""
     while (line := (await reader.readline()).decode().strip()):
         if line.lower().startswith("content-length"):
             length = int(line.split(":")[1])
+        if line.lower().startswith("authorization:"):
+            seen = line.split(":", 1)[1].strip()
+    if auth is not None:
+        auth.append(seen)
     body = json.loads(await reader.readexactly(length)) if length else {}
     writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Type: text/event-stream\r\n\r\n")
     if request_line.startswith("GET"):
@@ -64,3 +69,22 @@ def test_refused_connection_is_a_failed_request() -> None:
 
     out = asyncio.run(OpenAIHttpBackend(f"127.0.0.1:{free_port()}").send(BenchRequest((1,), 2)))
     assert not out.success and "ConnectionRefused" in out.error
+
+
+def test_sends_the_api_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--api-key (else $PDSERVE_API_KEY) goes out as `Authorization: Bearer <key>`; none, none."""
+    async def go(backend_key: str | None) -> list[str]:
+        auth: list[str] = []
+        server = await asyncio.start_server(lambda r, w: _handle(r, w, auth), "127.0.0.1", 0)
+        backend = OpenAIHttpBackend(f"127.0.0.1:{server.sockets[0].getsockname()[1]}", api_key=backend_key)
+        try:
+            await backend.max_model_len()
+            assert (await backend.send(BenchRequest((1, 2), 2))).success
+        finally:
+            server.close()
+        return auth
+
+    assert asyncio.run(go("k1")) == ["Bearer k1", "Bearer k1"]
+    assert asyncio.run(go(None)) == ["", ""]
+    monkeypatch.setenv("PDSERVE_API_KEY", "k2")
+    assert asyncio.run(go(None)) == ["Bearer k2", "Bearer k2"]
