@@ -27,6 +27,7 @@ import triton.language as tl
 from pdserve.kernels._attention import mm
 from pdserve.kernels._common import FLOAT_DTYPES, check_device, check_dim, check_dtype, dot_precision
 from pdserve.kernels._common import interpreting
+from pdserve.kernels.gemv import store_rows, weight_rows
 from pdserve.kernels.silu_and_mul import silu_and_mul
 
 
@@ -68,14 +69,7 @@ def _moe_gemv_kernel(
     gate_up: one pair a row (A_DIV = k, GLU); down: a token's k pairs a row, router-scaled."""
     i = tl.program_id(0)
     pid = tl.program_id(1)
-    if GLU:  # BLOCK_N / 2 gate rows and the matching up rows (n_out + those): silu(g) * u
-        j = tl.arange(0, BLOCK_N)
-        o = pid * (BLOCK_N // 2) + j % (BLOCK_N // 2)
-        nmask = o < n_out
-        n = o + (j // (BLOCK_N // 2)) * n_out
-    else:
-        n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-        nmask = n < n_out
+    n, nmask = weight_rows(pid, n_out, BLOCK_N, GLU)
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     for p in tl.static_range(PAIRS):
         pair = i * PAIRS + p
@@ -90,14 +84,7 @@ def _moe_gemv_kernel(
             w = tl.load(rows + k[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
             acc += w.to(tl.float32) * x[None, :]
     y = tl.sum(acc, 1)
-    out = c_ptr + i.to(tl.int64) * stride_c
-    if GLU:
-        gate, up = tl.split(tl.trans(tl.reshape(y, [2, BLOCK_N // 2])))
-        o = pid * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
-        act = gate / (1.0 + tl.exp(-gate)) * up
-        tl.store(out + o, act.to(c_ptr.dtype.element_ty), mask=o < n_out)
-    else:
-        tl.store(out + n, y.to(c_ptr.dtype.element_ty), mask=nmask)
+    store_rows(c_ptr + i.to(tl.int64) * stride_c, y, n, nmask, pid, n_out, BLOCK_N, GLU)
 
 
 # At most this many (token, expert) pairs take the gemv path (decode at small batches).

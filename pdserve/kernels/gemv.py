@@ -52,14 +52,11 @@ def _prefetch_l2(ptrs, live):
         "mov.u32 $0, 0;\n\t}", "=r,l,r", [ptrs, live.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
 
 
-@triton.jit(do_not_specialize=["pf_lines", "pf_per"])  # a variant per prefetch size otherwise
-def _gemv_kernel(
-    x_ptr, r_ptr, g_ptr, sum_ptr, w_ptr, b_ptr, out_ptr, pf_ptr, n_out, k_in, stride_w, eps, pf_lines, pf_per,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-    NORM: tl.constexpr, HAS_RES: tl.constexpr, PF_LINES: tl.constexpr, GLU: tl.constexpr,
-):
-    pid = tl.program_id(0)
-    if GLU:  # BLOCK_N / 2 gate rows and the matching up rows (n_out + those): silu(g) * u
+@triton.jit
+def weight_rows(pid, n_out, BLOCK_N: tl.constexpr, GLU: tl.constexpr):
+    """The BLOCK_N weight rows program pid reads, and which are real: BLOCK_N consecutive rows,
+    or (GLU, a [gate; up] weight of 2 * n_out rows) BLOCK_N / 2 gate rows and their up rows."""
+    if GLU:
         j = tl.arange(0, BLOCK_N)
         o = pid * (BLOCK_N // 2) + j % (BLOCK_N // 2)
         nmask = o < n_out
@@ -67,6 +64,29 @@ def _gemv_kernel(
     else:
         n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         nmask = n < n_out
+    return n, nmask
+
+
+@triton.jit
+def store_rows(out_ptr, y, n, nmask, pid, n_out, BLOCK_N: tl.constexpr, GLU: tl.constexpr):
+    """Store the rows' results y (fp32) at out_ptr; GLU: silu(gate) * up, BLOCK_N / 2 outputs."""
+    if GLU:
+        gate, up = tl.split(tl.trans(tl.reshape(y, [2, BLOCK_N // 2])))
+        o = pid * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        act = gate / (1.0 + tl.exp(-gate)) * up
+        tl.store(out_ptr + o, act.to(out_ptr.dtype.element_ty), mask=o < n_out)
+    else:
+        tl.store(out_ptr + n, y.to(out_ptr.dtype.element_ty), mask=nmask)
+
+
+@triton.jit(do_not_specialize=["pf_lines", "pf_per"])  # a variant per prefetch size otherwise
+def _gemv_kernel(
+    x_ptr, r_ptr, g_ptr, sum_ptr, w_ptr, b_ptr, out_ptr, pf_ptr, n_out, k_in, stride_w, eps, pf_lines, pf_per,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+    NORM: tl.constexpr, HAS_RES: tl.constexpr, PF_LINES: tl.constexpr, GLU: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    n, nmask = weight_rows(pid, n_out, BLOCK_N, GLU)
     rows = w_ptr + n.to(tl.int64)[:, None] * stride_w
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     ss = tl.zeros([BLOCK_K], tl.float32)  # NORM: the row's sum of squares, in the same pass
@@ -91,13 +111,7 @@ def _gemv_kernel(
         y *= tl.rsqrt(tl.sum(ss, 0) / k_in + eps)
     if HAS_BIAS:
         y += tl.load(b_ptr + n, mask=nmask, other=0.0).to(tl.float32)
-    if GLU:
-        gate, up = tl.split(tl.trans(tl.reshape(y, [2, BLOCK_N // 2])))
-        o = pid * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
-        act = gate / (1.0 + tl.exp(-gate)) * up
-        tl.store(out_ptr + o, act.to(out_ptr.dtype.element_ty), mask=o < n_out)
-    else:
-        tl.store(out_ptr + n, y.to(out_ptr.dtype.element_ty), mask=nmask)
+    store_rows(out_ptr, y, n, nmask, pid, n_out, BLOCK_N, GLU)
     if PF_LINES > 0:  # warm L2 with the start of the next projection's weights: its ramp
         i = tl.arange(0, PF_LINES)  # pf_per <= PF_LINES lines each, every line once
         line = pid * pf_per + i
