@@ -17,7 +17,7 @@ import torch
 from engine import CONFIGS, decode_step
 
 from pdserve.kernels import reference
-from pdserve.kernels.fused_moe import _gemv, _tiled_gemm, expert_tiles
+from pdserve.kernels.fused_moe import TILES_KERNEL_MAX_PAIRS, _gemv, _tiled_gemm, expert_tiles, expert_tiles_torch
 from pdserve.kernels.silu_and_mul import silu_and_mul
 from pdserve.model.spec import ModelSpec
 from pdserve.runtime.runner import ModelRunner
@@ -80,12 +80,15 @@ def op_rows() -> dict:
         if t * K <= 512:
             variants["gemv"] = lambda: gemv(x, weights, ids, gate_up, down)
         variants["expert_tiles_only"] = lambda: expert_tiles(ids, E, 16)
+        variants["expert_tiles_torch_only"] = lambda: expert_tiles_torch(ids, E, 16)
+        if t * K <= TILES_KERNEL_MAX_PAIRS:  # the Triton grouping is the torch one, row for row
+            assert all(torch.equal(a, b) for a, b in zip(expert_tiles(ids, E, 16), expert_tiles_torch(ids, E, 16)))
         for name, fn in variants.items():
-            err = 0.0 if name == "expert_tiles_only" else ((fn().float() - want).norm() / want.norm()).item()
+            err = 0.0 if name.startswith("expert_tiles") else ((fn().float() - want).norm() / want.norm()).item()
             us = graph_us(fn)
             row[name] = {"us": us, "GBps": nbytes / us / 1e3, "TFLOPs": flops / us / 1e6, "rel_err": err}
         out[str(t)] = row
-        best = min((v["us"], k) for k, v in row.items() if k != "expert_tiles_only")
+        best = min((v["us"], k) for k, v in row.items() if not k.startswith("expert_tiles"))
         print(t, {k: round(v["us"], 1) for k, v in row.items()}, "best", best[1],
               "max_err", max(v["rel_err"] for v in row.values()), flush=True)
     return out

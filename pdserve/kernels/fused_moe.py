@@ -1,8 +1,9 @@
 """Routed experts of a mixture-of-experts MLP (Triton twin of reference.moe_experts).
 
 A step's T tokens each pick k experts: T*k (token, expert) pairs. `expert_tiles` groups the
-pairs by expert into tiles of BLOCK_M rows (each expert's run padded to a whole tile) with
-plain torch ops of fixed shapes, so no host sync and a CUDA graph can hold them. One program
+pairs by expert into tiles of BLOCK_M rows (each expert's run padded to a whole tile), in one
+Triton program (plain torch ops for very many pairs), with fixed shapes: no host sync, and a
+CUDA graph can hold it. One program
 multiplies a tile's rows by a BLOCK_N slice of its expert's weight: an expert's weights are read
 once per tile, so at batch 1 only the chosen experts' weights are read, and at large batches a
 tile is a real matrix product. Tiles past the last expert's run find no expert and return.
@@ -26,7 +27,7 @@ import triton.language as tl
 
 from pdserve.kernels._attention import mm
 from pdserve.kernels._common import FLOAT_DTYPES, check_device, check_dim, check_dtype, dot_precision
-from pdserve.kernels._common import interpreting
+from pdserve.kernels._common import interpreting, next_pow2
 from pdserve.kernels.gemv import store_rows, weight_rows
 from pdserve.kernels.silu_and_mul import silu_and_mul
 
@@ -91,8 +92,66 @@ def _moe_gemv_kernel(
 GEMV_MAX_PAIRS = 64
 
 
+# Up to this many pairs expert_tiles runs as one Triton program (decode batches; a longer
+# prefill's grouping is a small share of its expert products).
+TILES_KERNEL_MAX_PAIRS = 4096
+
+
+@triton.jit(do_not_specialize=["pairs", "n_tiles"])  # both follow the batch
+def _expert_tiles_kernel(
+    ids_ptr, rows_ptr, tile_expert_ptr, pairs, n_tiles, num_experts,
+    BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK: tl.constexpr, BLOCK_T: tl.constexpr,
+):
+    """One program: per-expert counts, each run's first row, the tiles' experts, then every
+    pair's row (its run's first row + the pairs of its expert before it), chunk by chunk so the
+    order within a run is the pairs' order, as expert_tiles_torch's stable sort gives."""
+    e = tl.arange(0, BLOCK_E)
+    counts = tl.zeros([BLOCK_E], tl.int32)
+    for p0 in range(0, pairs, BLOCK):
+        p = p0 + tl.arange(0, BLOCK)
+        ids = tl.load(ids_ptr + p, mask=p < pairs, other=-1).to(tl.int32)
+        counts += tl.sum((ids[:, None] == e[None, :]).to(tl.int32), 0)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    ends = tl.cumsum(padded, 0)
+    real = (e < num_experts).to(tl.int32)
+    for t0 in range(0, n_tiles, BLOCK_T):  # a tile's expert: the runs that end at or before it
+        t = t0 + tl.arange(0, BLOCK_T)
+        owner = tl.sum((ends[None, :] <= (t * BLOCK_M)[:, None]).to(tl.int32) * real[None, :], 1)
+        tl.store(tile_expert_ptr + t, owner, mask=t < n_tiles)
+    next_row = ends - padded  # each expert's next free row
+    i = tl.arange(0, BLOCK)
+    for p0 in range(0, pairs, BLOCK):
+        p = p0 + i
+        ids = tl.load(ids_ptr + p, mask=p < pairs, other=-1).to(tl.int32)
+        onehot = (ids[:, None] == e[None, :]).to(tl.int32)
+        earlier = ((ids[:, None] == ids[None, :]) & (i[None, :] < i[:, None])).to(tl.int32)
+        row = tl.sum(onehot * next_row[None, :], 1) + tl.sum(earlier, 1)
+        tl.store(rows_ptr + row, p.to(tl.int32), mask=p < pairs)
+        next_row += tl.sum(onehot, 0)
+
+
 def expert_tiles(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Group the pairs of ids [T, k] by expert: (rows [P] int32, tile_expert [P / block_m] int32).
+
+    rows lists pair indices (t * k + j) expert by expert, in pair order within an expert, each
+    expert's run padded with the sentinel T*k to a multiple of block_m; tile_expert[i] is the
+    expert of rows[i*block_m:...], num_experts for tiles past the last run. P = round_up(T*k +
+    E*(block_m-1), block_m) is the most any routing needs, so every shape is fixed by (T, k, E,
+    block_m) and a CUDA graph holds it."""
+    pairs = ids.numel()
+    if pairs > TILES_KERNEL_MAX_PAIRS:
+        return expert_tiles_torch(ids, num_experts, block_m)
+    size = triton.cdiv(pairs + num_experts * (block_m - 1), block_m) * block_m
+    rows = torch.full((size,), pairs, dtype=torch.int32, device=ids.device)
+    tile_expert = torch.empty(size // block_m, dtype=torch.int32, device=ids.device)
+    _expert_tiles_kernel[(1,)](ids.reshape(-1).contiguous(), rows, tile_expert, pairs, size // block_m, num_experts,
+                               BLOCK_M=block_m, BLOCK_E=next_pow2(num_experts), BLOCK=64, BLOCK_T=64, num_warps=8)
+    return rows, tile_expert
+
+
+def expert_tiles_torch(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """expert_tiles in plain torch (twenty-odd small kernels; also for pair counts past
+    TILES_KERNEL_MAX_PAIRS, where one program would loop too long).
 
     rows lists pair indices (t * k + j) expert by expert, each expert's run padded with the
     sentinel T*k to a multiple of block_m; tile_expert[i] is the expert of rows[i*block_m:...],

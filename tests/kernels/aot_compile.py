@@ -17,7 +17,7 @@ from triton.compiler import ASTSource
 assert os.environ.get("TRITON_INTERPRET", "0") != "1", "run with TRITON_INTERPRET unset"
 
 from pdserve.kernels.decode_attention import _decode_kernel, _merge_kernel  # noqa: E402
-from pdserve.kernels.fused_moe import _moe_gemm_kernel, _moe_gemv_kernel  # noqa: E402
+from pdserve.kernels.fused_moe import _expert_tiles_kernel, _moe_gemm_kernel, _moe_gemv_kernel  # noqa: E402
 from pdserve.kernels.gemv import _gemv_kernel  # noqa: E402
 from pdserve.kernels.moe_route import _moe_route_kernel  # noqa: E402
 from pdserve.kernels.nucleus import _nucleus_kernel  # noqa: E402
@@ -136,6 +136,8 @@ def elementwise(dt: str) -> None:
                                           "scale_ptr": "*fp32"},
                        {"A_DIV": a_div, "PAIRS": 1 if glu else 8, "GLU": glu, "SCALE": not glu,
                         "BLOCK_N": 16 if glu else 8, "BLOCK_K": 512})
+    compile_kernel(_expert_tiles_kernel, {"ids_ptr": "*i64", "rows_ptr": "*i32", "tile_expert_ptr": "*i32"},
+                   {"BLOCK_M": 16, "BLOCK_E": 128, "BLOCK": 64, "BLOCK_T": 64}, num_warps=8)
     compile_kernel(_moe_route_kernel, {"logits_ptr": f"*{dt}", "w_ptr": "*fp32", "ids_ptr": "*i64"},
                    {"TOP_K": 8, "K_PAD": 8, "RENORM": True, "BLOCK_E": 128}, num_warps=1)
     compile_kernel(_copy_blocks_kernel, {p: "*i32" for p in ("src_ptr", "dst_ptr", "src_ids_ptr", "dst_ids_ptr")},

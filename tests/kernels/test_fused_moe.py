@@ -10,7 +10,7 @@ pytest.importorskip("triton")
 from kernel_helpers import DEVICE, DTYPES, assert_close  # noqa: E402
 
 from pdserve.kernels import reference  # noqa: E402
-from pdserve.kernels.fused_moe import expert_tiles, moe_experts  # noqa: E402
+from pdserve.kernels.fused_moe import expert_tiles, expert_tiles_torch, moe_experts  # noqa: E402
 
 
 def _case(t: int, h: int, inter: int, e: int, k: int, dtype: torch.dtype, seed: int = 0):
@@ -70,6 +70,20 @@ def test_expert_tiles_group_pairs_by_expert() -> None:
     assert real == list(range(pairs))  # every pair exactly once
     # expert 0: pairs 1, 4; expert 1: pair 3 and a pad; expert 2: pairs 0, 2, 5 (two tiles)
     assert tile_expert.tolist() == [0, 1, 2, 2, 4] and rows.tolist() == [1, 4, 3, 6, 0, 2, 5, 6, 6, 6]
+
+
+@pytest.mark.parametrize("t, k, e, block_m", [(1, 8, 128, 16), (33, 4, 60, 16), (40, 2, 8, 64), (70, 1, 4, 16)])
+def test_expert_tiles_kernel_equals_the_torch_grouping(t: int, k: int, e: int, block_m: int) -> None:
+    """The Triton program's grouping is the torch one's, row for row (pairs past a 64-pair
+    chunk, experts not a power of two, empty experts, one expert taking many tiles)."""
+    g = torch.Generator().manual_seed(t)
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
+    if t == 70:
+        ids[:50] = 2  # one expert with several tiles, two without any
+    ids = ids.to(DEVICE)
+    rows, tiles = expert_tiles(ids, e, block_m)
+    want_rows, want_tiles = expert_tiles_torch(ids, e, block_m)
+    assert torch.equal(rows.cpu(), want_rows.cpu()) and torch.equal(tiles.cpu(), want_tiles.cpu())
 
 
 def test_zero_tokens_and_bad_shapes() -> None:
