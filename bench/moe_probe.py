@@ -17,7 +17,7 @@ import torch
 from engine import CONFIGS, decode_step
 
 from pdserve.kernels import reference
-from pdserve.kernels.fused_moe import TILES_KERNEL_MAX_PAIRS, _gemv, _tiled_gemm, expert_tiles, expert_tiles_torch
+from pdserve.kernels.fused_moe import _gemv, _tiled_gemm, expert_tiles, expert_tiles_torch
 from pdserve.kernels.silu_and_mul import silu_and_mul
 from pdserve.model.spec import ModelSpec
 from pdserve.runtime.runner import ModelRunner
@@ -79,10 +79,11 @@ def op_rows() -> dict:
         variants = {name: (lambda c=c: tiled(x, weights, ids, gate_up, down, *c)) for name, c in TILES.items()}
         if t * K <= 512:
             variants["gemv"] = lambda: gemv(x, weights, ids, gate_up, down)
-        variants["expert_tiles_only"] = lambda: expert_tiles(ids, E, 16)
         variants["expert_tiles_torch_only"] = lambda: expert_tiles_torch(ids, E, 16)
-        if t * K <= TILES_KERNEL_MAX_PAIRS:  # the Triton grouping is the torch one, row for row
-            assert all(torch.equal(a, b) for a, b in zip(expert_tiles(ids, E, 16), expert_tiles_torch(ids, E, 16)))
+        if t * K <= 4096:  # the Triton grouping, which must be the torch one, row for row
+            variants["expert_tiles_triton_only"] = lambda: expert_tiles(ids, E, 16, max_kernel_pairs=t * K)
+            assert all(torch.equal(a, b) for a, b in zip(variants["expert_tiles_triton_only"](),
+                                                         expert_tiles_torch(ids, E, 16)))
         for name, fn in variants.items():
             err = 0.0 if name.startswith("expert_tiles") else ((fn().float() - want).norm() / want.norm()).item()
             us = graph_us(fn)

@@ -1,8 +1,8 @@
 """Routed experts of a mixture-of-experts MLP (Triton twin of reference.moe_experts).
 
 A step's T tokens each pick k experts: T*k (token, expert) pairs. `expert_tiles` groups the
-pairs by expert into tiles of BLOCK_M rows (each expert's run padded to a whole tile), in one
-Triton program (plain torch ops for very many pairs), with fixed shapes: no host sync, and a
+pairs by expert into tiles of BLOCK_M rows (each expert's run padded to a whole tile) with
+fixed shapes (torch ops, or one Triton program: TILES_KERNEL_MAX_PAIRS): no host sync, and a
 CUDA graph can hold it. One program
 multiplies a tile's rows by a BLOCK_N slice of its expert's weight: an expert's weights are read
 once per tile, so at batch 1 only the chosen experts' weights are read, and at large batches a
@@ -93,8 +93,10 @@ GEMV_MAX_PAIRS = 64
 
 
 # Up to this many pairs expert_tiles runs as one Triton program (decode batches; a longer
-# prefill's grouping is a small share of its expert products).
-TILES_KERNEL_MAX_PAIRS = 4096
+# prefill's grouping is a small share of its expert products). 0 until a GPU has timed it
+# against the torch grouping (49-82 us at 1-256 tokens on an H100): `bash bench/gpu_s30d.sh`
+# checks the two equal and times both in CUDA graphs; the tests run it whatever this says.
+TILES_KERNEL_MAX_PAIRS = 0
 
 
 @triton.jit(do_not_specialize=["pairs", "n_tiles"])  # both follow the batch
@@ -130,16 +132,17 @@ def _expert_tiles_kernel(
         next_row += tl.sum(onehot, 0)
 
 
-def expert_tiles(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+def expert_tiles(ids: torch.Tensor, num_experts: int, block_m: int,
+                 max_kernel_pairs: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Group the pairs of ids [T, k] by expert: (rows [P] int32, tile_expert [P / block_m] int32).
 
     rows lists pair indices (t * k + j) expert by expert, in pair order within an expert, each
     expert's run padded with the sentinel T*k to a multiple of block_m; tile_expert[i] is the
     expert of rows[i*block_m:...], num_experts for tiles past the last run. P = round_up(T*k +
     E*(block_m-1), block_m) is the most any routing needs, so every shape is fixed by (T, k, E,
-    block_m) and a CUDA graph holds it."""
+    block_m) and a CUDA graph holds it. max_kernel_pairs: TILES_KERNEL_MAX_PAIRS unless given."""
     pairs = ids.numel()
-    if pairs > TILES_KERNEL_MAX_PAIRS:
+    if pairs > (TILES_KERNEL_MAX_PAIRS if max_kernel_pairs is None else max_kernel_pairs):
         return expert_tiles_torch(ids, num_experts, block_m)
     size = triton.cdiv(pairs + num_experts * (block_m - 1), block_m) * block_m
     rows = torch.full((size,), pairs, dtype=torch.int32, device=ids.device)

@@ -54,9 +54,10 @@ def test_every_token_on_one_expert() -> None:
                      reference.moe_experts(x, weights, ids, gate_up, down))
 
 
-def test_expert_tiles_group_pairs_by_expert() -> None:
+@pytest.mark.parametrize("kernel", [False, True], ids=["torch", "triton"])
+def test_expert_tiles_group_pairs_by_expert(kernel: bool) -> None:
     ids = torch.tensor([[2, 0], [2, 1], [0, 2]], device=DEVICE)
-    rows, tile_expert = expert_tiles(ids, num_experts=4, block_m=2)
+    rows, tile_expert = expert_tiles(ids, num_experts=4, block_m=2, max_kernel_pairs=6 if kernel else 0)
     pairs = ids.numel()
     assert rows.numel() == 10 and tile_expert.numel() == 5  # round_up(6 + 4 * (2 - 1), 2)
     flat = ids.reshape(-1).tolist()
@@ -81,7 +82,7 @@ def test_expert_tiles_kernel_equals_the_torch_grouping(t: int, k: int, e: int, b
     if t == 70:
         ids[:50] = 2  # one expert with several tiles, two without any
     ids = ids.to(DEVICE)
-    rows, tiles = expert_tiles(ids, e, block_m)
+    rows, tiles = expert_tiles(ids, e, block_m, max_kernel_pairs=ids.numel())
     want_rows, want_tiles = expert_tiles_torch(ids, e, block_m)
     assert torch.equal(rows.cpu(), want_rows.cpu()) and torch.equal(tiles.cpu(), want_tiles.cpu())
 
