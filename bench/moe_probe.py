@@ -17,8 +17,7 @@ import torch
 from engine import CONFIGS, decode_step
 
 from pdserve.kernels import reference
-from pdserve.kernels.fused_moe import _gemv, _tiled_gemm, expert_tiles, expert_tiles_torch
-from pdserve.kernels.silu_and_mul import silu_and_mul
+from pdserve.kernels.fused_moe import _gemv, expert_tiles, expert_tiles_torch, experts_by_pair, experts_by_tile
 from pdserve.model.spec import ModelSpec
 from pdserve.runtime.runner import ModelRunner
 
@@ -49,21 +48,6 @@ def graph_us(fn, reps: int = 30) -> float:
     return statistics.median(times)
 
 
-def tiled(x, weights, ids, gate_up, down, bm, bn, bk, stages):
-    t, k = ids.shape
-    rows, tile_expert = expert_tiles(ids, E, bm)
-    act = silu_and_mul(_tiled_gemm(x, gate_up, rows, tile_expert, t * k, k, bm, bn, bk, stages))
-    out = _tiled_gemm(act, down, rows, tile_expert, t * k, 1, bm, bn, bk, stages)
-    return (out.view(t, k, H).float() * weights[:, :, None]).sum(1).to(x.dtype)
-
-
-def gemv(x, weights, ids, gate_up, down):
-    t, k = ids.shape
-    flat = ids.reshape(-1)
-    scale = weights.reshape(-1)
-    return _gemv(_gemv(x, gate_up, flat, scale, k, True), down, flat, scale, k, False)
-
-
 def op_rows() -> dict:
     gate_up = torch.randn(E, 2 * I, H, device="cuda", dtype=torch.bfloat16) * 0.02
     down = torch.randn(E, H, I, device="cuda", dtype=torch.bfloat16) * 0.02
@@ -76,9 +60,9 @@ def op_rows() -> dict:
         nbytes = len(set(ids.flatten().tolist())) * per_expert
         flops = 2 * t * K * 3 * H * I
         row = {}
-        variants = {name: (lambda c=c: tiled(x, weights, ids, gate_up, down, *c)) for name, c in TILES.items()}
+        variants = {name: (lambda c=c: experts_by_tile(x, weights, ids, gate_up, down, *c)) for name, c in TILES.items()}
         if t * K <= 512:
-            variants["gemv"] = lambda: gemv(x, weights, ids, gate_up, down)
+            variants["gemv"] = lambda: experts_by_pair(x, weights, ids, gate_up, down)
         variants["expert_tiles_torch_only"] = lambda: expert_tiles_torch(ids, E, 16)
         if t * K <= 4096:  # the Triton grouping, which must be the torch one, row for row
             variants["expert_tiles_triton_only"] = lambda: expert_tiles(ids, E, 16, max_kernel_pairs=t * K)

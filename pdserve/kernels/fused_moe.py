@@ -3,10 +3,9 @@
 A step's T tokens each pick k experts: T*k (token, expert) pairs. `expert_tiles` groups the
 pairs by expert into tiles of BLOCK_M rows (each expert's run padded to a whole tile) with
 fixed shapes (torch ops, or one Triton program: TILES_KERNEL_MAX_PAIRS): no host sync, and a
-CUDA graph can hold it. One program
-multiplies a tile's rows by a BLOCK_N slice of its expert's weight: an expert's weights are read
-once per tile, so at batch 1 only the chosen experts' weights are read, and at large batches a
-tile is a real matrix product. Tiles past the last expert's run find no expert and return.
+CUDA graph can hold it. One program multiplies a tile's rows by a BLOCK_N slice of its
+expert's weight: an expert's weights are read once per tile, so at batch 1 only the chosen
+experts' weights are read, and at large batches a tile is a real matrix product. Tiles past the last expert's run find no expert and return.
 
 Two launches of the same kernel around a SiLU-and-mul: x @ gate_up[e]^T, then @ down[e]^T;
 a token's k rows are then weighted by the router and summed in float32 (rounded where the
@@ -132,19 +131,24 @@ def _expert_tiles_kernel(
         next_row += tl.sum(onehot, 0)
 
 
+def _rows_size(pairs: int, num_experts: int, block_m: int) -> int:
+    """Rows of the grouping: round_up(pairs + E*(block_m-1), block_m), the most any routing needs."""
+    return triton.cdiv(pairs + num_experts * (block_m - 1), block_m) * block_m
+
+
 def expert_tiles(ids: torch.Tensor, num_experts: int, block_m: int,
                  max_kernel_pairs: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Group the pairs of ids [T, k] by expert: (rows [P] int32, tile_expert [P / block_m] int32).
 
     rows lists pair indices (t * k + j) expert by expert, in pair order within an expert, each
     expert's run padded with the sentinel T*k to a multiple of block_m; tile_expert[i] is the
-    expert of rows[i*block_m:...], num_experts for tiles past the last run. P = round_up(T*k +
-    E*(block_m-1), block_m) is the most any routing needs, so every shape is fixed by (T, k, E,
-    block_m) and a CUDA graph holds it. max_kernel_pairs: TILES_KERNEL_MAX_PAIRS unless given."""
+    expert of rows[i*block_m:...], num_experts for tiles past the last run. P (_rows_size) is the
+    most any routing needs, so every shape is fixed by (T, k, E, block_m) and a CUDA graph holds
+    it. max_kernel_pairs: TILES_KERNEL_MAX_PAIRS unless given."""
     pairs = ids.numel()
     if pairs > (TILES_KERNEL_MAX_PAIRS if max_kernel_pairs is None else max_kernel_pairs):
         return expert_tiles_torch(ids, num_experts, block_m)
-    size = triton.cdiv(pairs + num_experts * (block_m - 1), block_m) * block_m
+    size = _rows_size(pairs, num_experts, block_m)
     rows = torch.full((size,), pairs, dtype=torch.int32, device=ids.device)
     tile_expert = torch.empty(size // block_m, dtype=torch.int32, device=ids.device)
     _expert_tiles_kernel[(1,)](ids.reshape(-1).contiguous(), rows, tile_expert, pairs, size // block_m, num_experts,
@@ -153,16 +157,11 @@ def expert_tiles(ids: torch.Tensor, num_experts: int, block_m: int,
 
 
 def expert_tiles_torch(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """expert_tiles in plain torch (twenty-odd small kernels; also for pair counts past
-    TILES_KERNEL_MAX_PAIRS, where one program would loop too long).
-
-    rows lists pair indices (t * k + j) expert by expert, each expert's run padded with the
-    sentinel T*k to a multiple of block_m; tile_expert[i] is the expert of rows[i*block_m:...],
-    num_experts for tiles past the last run. P = round_up(T*k + E*(block_m-1), block_m) is the
-    most any routing needs, so every shape is fixed by (T, k, E, block_m)."""
+    """expert_tiles in plain torch, the same results (twenty-odd small kernels; also for pair
+    counts past TILES_KERNEL_MAX_PAIRS, where one program would loop too long)."""
     flat = ids.reshape(-1)
     pairs = flat.numel()
-    size = triton.cdiv(pairs + num_experts * (block_m - 1), block_m) * block_m
+    size = _rows_size(pairs, num_experts, block_m)
     counts = torch.zeros(num_experts, dtype=torch.int64, device=ids.device)
     counts.scatter_add_(0, flat, torch.ones_like(flat))
     padded = (counts + block_m - 1) // block_m * block_m
@@ -219,7 +218,7 @@ def moe_experts(
     check_dim("down", down, 3)
     check_dtype("x", x, FLOAT_DTYPES)
     check_dtype("weights", weights, (torch.float32,))
-    check_dtype("ids", ids, (torch.int32, torch.int64))
+    check_dtype("ids", ids, (torch.int64,))
     check_device(x=x, weights=weights, ids=ids, gate_up=gate_up, down=down)
     t, h = x.shape
     e, two_i, _ = gate_up.shape
@@ -236,11 +235,24 @@ def moe_experts(
         return torch.zeros_like(x)
     pairs = t * k
     if gemv if gemv is not None else pairs <= GEMV_MAX_PAIRS:
-        flat, scale = ids.reshape(-1).contiguous(), weights.reshape(-1).contiguous()
-        return _gemv(_gemv(x, gate_up, flat, scale, k, True), down, flat, scale, k, False)
+        return experts_by_pair(x, weights, ids, gate_up, down)
     # big tiles once there are many rows an expert (measured on an H100, moe-probe-h100-2026-12-08-s30b.json)
-    block_m, block_n, block_k, stages = (64, 128, 64, 3) if pairs >= 2048 else (16, 64, 128, 3)
-    rows, tile_expert = expert_tiles(ids, e, block_m)
-    act = silu_and_mul(_tiled_gemm(x, gate_up, rows, tile_expert, pairs, k, block_m, block_n, block_k, stages))
-    out = _tiled_gemm(act, down, rows, tile_expert, pairs, 1, block_m, block_n, block_k, stages)
+    return experts_by_tile(x, weights, ids, gate_up, down, *((64, 128, 64, 3) if pairs >= 2048 else (16, 64, 128, 3)))
+
+
+def experts_by_pair(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
+                    down: torch.Tensor) -> torch.Tensor:
+    """moe_experts' gemv path (inputs checked by moe_experts)."""
+    k = ids.shape[1]
+    flat, scale = ids.reshape(-1).contiguous(), weights.reshape(-1).contiguous()
+    return _gemv(_gemv(x, gate_up, flat, scale, k, True), down, flat, scale, k, False)
+
+
+def experts_by_tile(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
+                    down: torch.Tensor, block_m: int, block_n: int, block_k: int, stages: int) -> torch.Tensor:
+    """moe_experts' tile path with its tile shape (inputs checked by moe_experts)."""
+    (t, k), h = ids.shape, x.shape[1]
+    rows, tile_expert = expert_tiles(ids, gate_up.shape[0], block_m)
+    act = silu_and_mul(_tiled_gemm(x, gate_up, rows, tile_expert, t * k, k, block_m, block_n, block_k, stages))
+    out = _tiled_gemm(act, down, rows, tile_expert, t * k, 1, block_m, block_n, block_k, stages)
     return (out.view(t, k, h).float() * weights[:, :, None]).sum(1).to(x.dtype)

@@ -96,6 +96,8 @@ def test_zero_tokens_and_bad_shapes() -> None:
         assert_close(moe_experts(*case), reference.moe_experts(*case))
     with pytest.raises(AssertionError, match="do not fit x"):
         moe_experts(x, weights, ids, gate_up, down[:, :, :8])
+    with pytest.raises(AssertionError, match="ids has dtype torch.int32"):  # the grouping indexes with int64
+        moe_experts(x, weights, ids.int(), gate_up, down)
     with pytest.raises(AssertionError, match=r"must both be \[T=3, k\]"):
         moe_experts(x, weights[:, :1], ids, gate_up, down)
 
